@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Debian 12 machine (as root) or a developer's checkout:
+#   bash scripts/dev.sh demo   install, build, and run the demo model
+#   bash scripts/dev.sh test   install, build, and run every test (plus the sanitizer build)
+#   bash scripts/dev.sh build  install and build only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(build-essential cmake pkg-config git ca-certificates
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libfmt-dev libspdlog-dev
+  zlib1g-dev libyaml-cpp-dev libutf8proc-dev)
+JOBS=${JOBS:-$(nproc)}
+FIXTURES=${ANVIL_FIXTURES:-../shared/fixtures}
+
+install_packages() {
+  local missing=()
+  for package in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+  done
+  if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    if [ "$(id -u)" -ne 0 ]; then
+      echo "error: packages missing and not root: ${missing[*]}" >&2
+      exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+build() {  # build DIR [cmake args...]
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  cmake --build "$dir" -j "$JOBS"
+}
+
+demo_model() {
+  # A random-weight gpt-oss with the real o200k_harmony tokenizer, until a trained demo model
+  # ships (issue 5). Its text is gibberish by design; the plumbing is real.
+  local out=build/demo-model
+  if [ ! -f "$out/model.safetensors" ]; then
+    local tokenizer="$FIXTURES/o200k_harmony/tokenizer.json.gz"
+    if [ ! -f "$tokenizer" ]; then
+      echo "error: $tokenizer not found (set ANVIL_FIXTURES to the shared fixtures folder)" >&2
+      exit 1
+    fi
+    mkdir -p "$out"
+    gzip -dc "$tokenizer" >"$out/tokenizer.json"
+    ./build/anvil init-demo --out "$out" --tokenizer "$out/tokenizer.json"
+  fi
+}
+
+case "${1:-}" in
+  build)
+    install_packages
+    build build
+    ;;
+  demo)
+    install_packages
+    build build
+    demo_model
+    ./build/anvil generate --model build/demo-model --prompt "What does grep do?" --max-tokens 32 --temperature 0
+    ;;
+  test)
+    install_packages
+    build build
+    (cd build && ctest --output-on-failure -j "$JOBS")
+    # The same tests under AddressSanitizer and UndefinedBehaviorSanitizer.
+    build build-sanitize -DANVIL_SANITIZE=ON -DANVIL_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$JOBS")
+    ;;
+  *)
+    echo "usage: bash scripts/dev.sh demo|test|build" >&2
+    exit 2
+    ;;
+esac

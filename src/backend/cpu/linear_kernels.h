@@ -1,0 +1,47 @@
+#pragma once
+// Entry points of the per-ISA linear kernels behind linear_forward. Exposed so tests can run
+// each kernel directly; model code calls linear_forward, which validates and dispatches.
+//
+// The AVX2 file holds only intrinsics and plain loops, no standard-library templates: inline
+// functions it instantiated would be compiled for AVX2 and the linker could pick that copy for
+// code that must run on any x86-64. Buffers and threading therefore live in linear.cpp.
+#include <cstdint>
+
+#include "backend/linear.h"
+#include "core/thread_pool.h"
+
+namespace anvil::cpu {
+
+// Portable kernel. Takes an already validated weight and tokens > 0; writes y including bias.
+void linear_forward_scalar(const LinearWeight& weight, const float* x, int64_t tokens, float* y, ThreadPool& pool);
+
+// AVX2+FMA+F16C kernel; call only when cpu_use_avx2() is true.
+//
+// The kernels decode weights into an order that is cheapest for the instruction set rather than
+// the natural one, so x is first permuted the same way within each chunk (linear_avx2_pack_x).
+// Returns false when the format reads x as is.
+bool linear_avx2_needs_packed_x(WeightFormat format);
+void linear_avx2_pack_x(WeightFormat format, const float* x, int64_t tokens, int64_t in, float* packed);
+// Computes y[t, o] for all tokens and o in [row_begin, row_end), bias included. x_packed is x as
+// returned by linear_avx2_pack_x (or x itself when no packing is needed), [tokens, in].
+void linear_avx2_rows(const LinearWeight& weight, const float* x_packed, int64_t tokens, float* y, int64_t row_begin,
+                      int64_t row_end);
+
+// Rows per parallel_for grain, and the amount of work below which threads cost more than they save.
+inline constexpr int64_t kLinearRowGrain = 16;
+inline constexpr int64_t kLinearMinParallelMacs = int64_t(1) << 16;
+
+// Runs body over [0, out) on the pool, or inline when the layer is too small to be worth waking
+// workers. Either way each row is computed by exactly the same code, so results do not depend on
+// the thread count.
+template <typename Body>
+void linear_parallel_rows(ThreadPool& pool, const LinearWeight& weight, int64_t tokens, const Body& body) {
+  const int64_t macs = weight.out_features * weight.in_features * tokens;
+  if (pool.size() <= 1 || macs < kLinearMinParallelMacs) {
+    body(0, weight.out_features);
+    return;
+  }
+  pool.parallel_for(weight.out_features, body, kLinearRowGrain);
+}
+
+}  // namespace anvil::cpu

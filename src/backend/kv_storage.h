@@ -1,0 +1,41 @@
+#pragma once
+// Paged storage for attention keys and values. Layers that attend the same way share a group;
+// each group has its own pool of fixed-size blocks, so sliding-window layers can give back
+// blocks that fell out of their window while full-attention layers keep theirs. Which block a
+// sequence's position lives in is the engine's business (block tables); this only stores.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace anvil {
+
+struct KvGroupShape {
+  int64_t num_layers = 0;  // layers in this group
+  int64_t num_blocks = 0;
+  int64_t block_size = 16;  // positions per block
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+class KvGroupStorage {
+ public:
+  explicit KvGroupStorage(const KvGroupShape& shape);
+  const KvGroupShape& shape() const { return shape_; }
+  // Start of [kv_heads, head_dim] floats for (layer in group, block, slot in block).
+  float* key(int64_t layer, int64_t block, int64_t slot) { return keys_.data() + offset(layer, block, slot); }
+  float* value(int64_t layer, int64_t block, int64_t slot) { return values_.data() + offset(layer, block, slot); }
+  size_t bytes() const { return (keys_.size() + values_.size()) * sizeof(float); }
+  static size_t bytes_per_block(const KvGroupShape& shape) {
+    return size_t(2 * shape.num_layers * shape.block_size * shape.kv_heads * shape.head_dim) * sizeof(float);
+  }
+
+ private:
+  size_t offset(int64_t layer, int64_t block, int64_t slot) const {
+    return size_t(((layer * shape_.num_blocks + block) * shape_.block_size + slot) * shape_.kv_heads * shape_.head_dim);
+  }
+  KvGroupShape shape_;
+  std::vector<float> keys_;
+  std::vector<float> values_;
+};
+
+}  // namespace anvil

@@ -1,0 +1,29 @@
+#pragma once
+// Helpers the verbs share: option parsing and the files around a model directory.
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/tokenizer.h"
+#include "models/model.h"
+
+namespace anvil::cli {
+
+// "1,2,3" -> ids; a one-line error naming the option and the bad value otherwise.
+std::vector<int32_t> parse_id_list(const std::string& text, const std::string& option);
+
+// MODEL_DIR/tokenizer.json, or null when the directory has none.
+std::unique_ptr<Tokenizer> load_model_tokenizer(const std::filesystem::path& model_dir);
+
+// EOS ids of config.json and generation_config.json together.
+std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir, const ModelConfig& config);
+
+// --threads N on a verb: sets the process-wide thread pool size.
+void add_threads_option(CLI::App& verb, int& threads);
+void apply_threads_option(int threads);
+
+LoadFormat parse_load_format(const std::string& value);
+
+}  // namespace anvil::cli

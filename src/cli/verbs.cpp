@@ -1,0 +1,12 @@
+#include "cli/verbs.h"
+
+namespace anvil::cli {
+
+void register_verbs(CLI::App& app) {
+  register_generate(app);
+  register_logits(app);
+  register_tokenize(app);
+  register_init_demo(app);
+}
+
+}  // namespace anvil::cli

@@ -1,0 +1,14 @@
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace anvil::cli {
+
+// Adds every verb's subcommand; each verb runs from its subcommand's callback.
+void register_verbs(CLI::App& app);
+
+void register_generate(CLI::App& app);
+void register_logits(CLI::App& app);
+void register_tokenize(CLI::App& app);
+void register_init_demo(CLI::App& app);
+
+}  // namespace anvil::cli

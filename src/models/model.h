@@ -1,0 +1,83 @@
+#pragma once
+// The interface every architecture implements, and the registry that picks one by
+// config.json's architectures[0]. A model is stateless between steps except for the KV cache it
+// is handed, so one engine thread can batch any mix of prefills and decodes into a step.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/kv_storage.h"
+#include "formats/model_config.h"
+#include "models/weights.h"
+
+namespace anvil {
+
+// How the model's layers map onto KV cache groups. Layers attending the same way share a group.
+struct KvLayout {
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  std::vector<int> layer_group;           // per layer: its group
+  std::vector<int64_t> layer_slot;        // per layer: index within its group
+  std::vector<int64_t> group_layers;      // per group: how many layers
+  std::vector<int64_t> group_window;      // per group: sliding window, 0 for full attention
+  int num_groups() const { return int(group_layers.size()); }
+};
+
+struct SequenceStep {
+  int64_t start_pos = 0;   // tokens of this sequence already in the KV cache
+  int64_t num_tokens = 0;  // new tokens this step, consecutive in StepBatch::tokens
+  std::vector<std::span<const int32_t>> block_tables;  // one per KV group
+  bool all_logits = false;  // logits for every new token, else only for the last
+};
+
+struct StepBatch {
+  std::vector<int32_t> tokens;
+  std::vector<SequenceStep> sequences;
+  // Rows of logits forward() writes: per sequence, num_tokens if all_logits else 1.
+  int64_t logit_rows() const;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  const ModelConfig& config() const { return config_; }
+  const KvLayout& kv_layout() const { return kv_layout_; }
+  // Bytes of weights one decoded token reads (experts counted at top-k): for bandwidth figures.
+  virtual size_t weight_bytes_per_token() const = 0;
+  size_t weight_bytes_total() const { return weights_->bytes_loaded(); }
+  // Writes logits [batch.logit_rows(), vocab] and appends the batch's keys/values to the cache.
+  virtual void forward(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, float* logits) = 0;
+
+ protected:
+  Model(ModelConfig config, std::unique_ptr<WeightSource> weights);
+  ModelConfig config_;
+  KvLayout kv_layout_;
+  std::unique_ptr<WeightSource> weights_;
+};
+
+enum class LoadFormat { Auto, Dummy };
+
+struct LoadOptions {
+  LoadFormat format = LoadFormat::Auto;
+  uint64_t dummy_seed = 0;
+};
+
+// Reads config.json (and the weights unless dummy) from model_dir.
+std::unique_ptr<Model> load_model(const std::filesystem::path& model_dir, const LoadOptions& options = {});
+// Builds a model from a parsed config and a weight source.
+std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<WeightSource> weights);
+
+// Registry: one line per architecture, in registry.cpp.
+using ModelFactory = std::function<std::unique_ptr<Model>(const ModelConfig&, std::unique_ptr<WeightSource>)>;
+std::unique_ptr<Model> make_gpt_oss(const ModelConfig& config, std::unique_ptr<WeightSource> weights);
+std::unique_ptr<Model> make_qwen3(const ModelConfig& config, std::unique_ptr<WeightSource> weights);
+std::unique_ptr<Model> make_qwen3_moe(const ModelConfig& config, std::unique_ptr<WeightSource> weights);
+
+// Groups: 0 = full-attention layers, 1 = sliding-window layers (when the model has any).
+KvLayout make_kv_layout(const ModelConfig& config);
+
+}  // namespace anvil

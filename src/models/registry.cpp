@@ -1,0 +1,62 @@
+#include <map>
+
+#include "core/error.h"
+#include "models/model.h"
+
+namespace anvil {
+
+namespace {
+const std::map<std::string, ModelFactory>& registry() {
+  static const std::map<std::string, ModelFactory> factories = {
+      {"GptOssForCausalLM", make_gpt_oss},
+      {"Qwen3ForCausalLM", make_qwen3},
+      {"Qwen3MoeForCausalLM", make_qwen3_moe},
+  };
+  return factories;
+}
+}  // namespace
+
+int64_t StepBatch::logit_rows() const {
+  int64_t rows = 0;
+  for (const auto& seq : sequences) rows += seq.all_logits ? seq.num_tokens : 1;
+  return rows;
+}
+
+Model::Model(ModelConfig config, std::unique_ptr<WeightSource> weights)
+    : config_(std::move(config)), kv_layout_(make_kv_layout(config_)), weights_(std::move(weights)) {}
+
+KvLayout make_kv_layout(const ModelConfig& config) {
+  KvLayout layout;
+  layout.kv_heads = config.num_kv_heads;
+  layout.head_dim = config.head_dim;
+  layout.group_layers = {0};
+  layout.group_window = {0};
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    const bool sliding = config.layer_types[size_t(i)] == LayerAttention::Sliding && config.sliding_window > 0;
+    const int group = sliding ? 1 : 0;
+    if (sliding && layout.group_layers.size() == 1) {
+      layout.group_layers.push_back(0);
+      layout.group_window.push_back(config.sliding_window);
+    }
+    layout.layer_group.push_back(group);
+    layout.layer_slot.push_back(layout.group_layers[size_t(group)]++);
+  }
+  return layout;
+}
+
+std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<WeightSource> weights) {
+  const auto& factories = registry();
+  const auto found = factories.find(config.architecture);
+  if (found == factories.end()) fail("architecture '{}' is not supported", config.architecture);
+  return found->second(config, std::move(weights));
+}
+
+std::unique_ptr<Model> load_model(const std::filesystem::path& model_dir, const LoadOptions& options) {
+  if (!std::filesystem::is_directory(model_dir)) fail("{}: model directory does not exist", model_dir.string());
+  const ModelConfig config = load_model_config(model_dir / "config.json");
+  auto weights = options.format == LoadFormat::Dummy ? make_dummy_weights(options.dummy_seed)
+                                                     : open_checkpoint_weights(model_dir);
+  return create_model(config, std::move(weights));
+}
+
+}  // namespace anvil
