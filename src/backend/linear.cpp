@@ -131,7 +131,7 @@ void linear_forward_reference(const LinearWeight& weight, const float* x, int64_
   validate_io(x, tokens, y);
   const int64_t in = weight.in_features;
   const int64_t out = weight.out_features;
-  std::vector<float> w(size_t(in));
+  std::vector<float> w(static_cast<size_t>(in));
   for (int64_t o = 0; o < out; ++o) {
     linear_decode_row(weight, o, w.data());
     for (int64_t t = 0; t < tokens; ++t) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace anvil {
@@ -51,6 +52,8 @@ RopeTable::RopeTable(const RopeConfig& config, int64_t rotary_dim) : rotary_dim_
   } else if (config.type != "default") {
     fail("rope type '{}' is not supported (supported: default, yarn)", config.type);
   }
+  if (config.inv_freq_bf16)
+    for (float& f : inv_freq_) f = bf16_to_f32(f32_to_bf16(f));
 }
 
 void RopeTable::apply(float* x, int64_t heads, int64_t head_dim, int64_t position) const {

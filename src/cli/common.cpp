@@ -48,10 +48,28 @@ void apply_threads_option(int threads) {
   if (threads > 0) set_default_thread_count(threads);
 }
 
-LoadFormat parse_load_format(const std::string& value) {
-  if (value == "auto") return LoadFormat::Auto;
-  if (value == "dummy") return LoadFormat::Dummy;
-  fail("--load-format: '{}' is not one of auto, dummy", value);
+void ModelLoadFlags::add_to(CLI::App& verb) {
+  verb.add_option("--model", model_dir, "Hugging Face checkpoint directory")->required();
+  verb.add_option("--load-format", load_format, "auto (read weights) or dummy (random weights, no files)");
+  verb.add_option("--rope-freq-dtype", rope_freq_dtype,
+                  "fp32 (as from_pretrained) or bf16 (as a model cast whole with .to(bfloat16))");
+  add_threads_option(verb, threads);
+}
+
+std::unique_ptr<Model> ModelLoadFlags::load() const {
+  apply_threads_option(threads);
+  LoadOptions options;
+  if (load_format == "dummy") {
+    options.format = LoadFormat::Dummy;
+  } else if (load_format != "auto") {
+    fail("--load-format: '{}' is not one of auto, dummy", load_format);
+  }
+  if (rope_freq_dtype == "bf16") {
+    options.rope_inv_freq_bf16 = true;
+  } else if (rope_freq_dtype != "fp32") {
+    fail("--rope-freq-dtype: '{}' is not one of fp32, bf16", rope_freq_dtype);
+  }
+  return load_model(model_dir, options);
 }
 
 }  // namespace anvil::cli

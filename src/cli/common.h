@@ -24,6 +24,16 @@ std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir, const
 void add_threads_option(CLI::App& verb, int& threads);
 void apply_threads_option(int threads);
 
-LoadFormat parse_load_format(const std::string& value);
+// The options every verb that loads a model shares.
+struct ModelLoadFlags {
+  std::string model_dir;
+  std::string load_format = "auto";
+  std::string rope_freq_dtype = "fp32";
+  int threads = 0;
+
+  void add_to(CLI::App& verb);
+  // Applies --threads and loads the model.
+  std::unique_ptr<Model> load() const;
+};
 
 }  // namespace anvil::cli

@@ -12,28 +12,26 @@ namespace anvil::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model_dir, prompt, prompt_ids, load_format = "auto";
+  ModelLoadFlags model;
+  std::string prompt, prompt_ids;
   int64_t max_tokens = 64;
   float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f;
   int64_t top_k = 0;
   std::optional<uint64_t> seed;
   bool ignore_eos = false, json = false, allow_special = false;
-  int threads = 0;
 };
 
 void run_generate(const GenerateOptions& options) {
-  apply_threads_option(options.threads);
   if (options.prompt.empty() == options.prompt_ids.empty()) fail("give exactly one of --prompt or --prompt-ids");
-  LoadOptions load;
-  load.format = parse_load_format(options.load_format);
-  auto model = load_model(options.model_dir, load);
-  auto tokenizer = load_model_tokenizer(options.model_dir);
+  const std::string& model_dir = options.model.model_dir;
+  auto model = options.model.load();
+  auto tokenizer = load_model_tokenizer(model_dir);
 
   GenerateRequest request;
   if (!options.prompt_ids.empty()) {
     request.prompt_ids = parse_id_list(options.prompt_ids, "--prompt-ids");
   } else {
-    if (!tokenizer) fail("{}: no tokenizer.json, so --prompt cannot be tokenized; use --prompt-ids", options.model_dir);
+    if (!tokenizer) fail("{}: no tokenizer.json, so --prompt cannot be tokenized; use --prompt-ids", model_dir);
     request.prompt_ids = tokenizer->encode(options.prompt, options.allow_special);
   }
   request.max_tokens = options.max_tokens;
@@ -44,7 +42,7 @@ void run_generate(const GenerateOptions& options) {
   request.sampling.seed = options.seed;
   request.sampling.validate();
   request.ignore_eos = options.ignore_eos;
-  request.eos_token_ids = model_eos_ids(options.model_dir, model->config());
+  request.eos_token_ids = model_eos_ids(model_dir, model->config());
 
   std::unique_ptr<StreamDecoder> stream;
   if (tokenizer && !options.json) stream = std::make_unique<StreamDecoder>(*tokenizer);
@@ -82,7 +80,7 @@ void run_generate(const GenerateOptions& options) {
 void register_generate(CLI::App& app) {
   auto options = std::make_shared<GenerateOptions>();
   CLI::App* verb = app.add_subcommand("generate", "Generate text from a prompt on this machine");
-  verb->add_option("--model", options->model_dir, "Hugging Face checkpoint directory")->required();
+  options->model.add_to(*verb);
   verb->add_option("--prompt", options->prompt, "Prompt text (needs tokenizer.json)");
   verb->add_option("--prompt-ids", options->prompt_ids, "Prompt token ids, comma-separated");
   verb->add_option("--max-tokens", options->max_tokens, "Tokens to generate at most");
@@ -93,9 +91,7 @@ void register_generate(CLI::App& app) {
   verb->add_option("--seed", options->seed, "Random seed (same seed, same output)");
   verb->add_flag("--ignore-eos", options->ignore_eos, "Keep generating past end-of-sequence tokens");
   verb->add_flag("--allow-special", options->allow_special, "Let special-token text in --prompt become control tokens");
-  verb->add_option("--load-format", options->load_format, "auto (read weights) or dummy (random weights)");
   verb->add_flag("--json", options->json, "Print one JSON object with ids, text and timings");
-  add_threads_option(*verb, options->threads);
   verb->callback([options] { run_generate(*options); });
 }
 

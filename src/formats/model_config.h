@@ -20,6 +20,10 @@ struct RopeConfig {
   int64_t original_max_position_embeddings = 0;
   bool truncate = true;  // transformers' default when the key is absent
   std::optional<double> attention_factor;  // overrides 0.1 ln(factor) + 1 when given
+  // Round the inverse frequencies to bf16, as transformers ends up doing when a whole model is
+  // cast with .to(torch.bfloat16) (buffers included). Off by default: from_pretrained keeps them
+  // float32, and so do vLLM and llama.cpp. Exists to reproduce references made that way.
+  bool inv_freq_bf16 = false;
 };
 
 enum class QuantMethod { None, Mxfp4 };

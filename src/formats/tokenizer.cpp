@@ -40,7 +40,8 @@ class AddedTokenTrie {
     for (const char c : content) {
       auto& children = nodes_[size_t(node)].children;
       const auto byte = static_cast<unsigned char>(c);
-      auto it = std::lower_bound(children.begin(), children.end(), std::pair<unsigned char, int32_t>{byte, -1});
+      auto it =
+          std::lower_bound(children.begin(), children.end(), std::pair<unsigned char, int32_t>{byte, -1});
       if (it == children.end() || it->first != byte) {
         const int32_t child = int32_t(nodes_.size());
         it = children.insert(it, {byte, child});
@@ -60,7 +61,8 @@ class AddedTokenTrie {
     for (size_t i = pos; i < text.size(); ++i) {
       const auto& children = nodes_[size_t(node)].children;
       const auto byte = static_cast<unsigned char>(text[i]);
-      const auto it = std::lower_bound(children.begin(), children.end(), std::pair<unsigned char, int32_t>{byte, -1});
+      const auto it =
+          std::lower_bound(children.begin(), children.end(), std::pair<unsigned char, int32_t>{byte, -1});
       if (it == children.end() || it->first != byte) break;
       node = it->second;
       const int32_t token = nodes_[size_t(node)].token;
@@ -84,8 +86,6 @@ struct Segment {
   int32_t id;
 };
 
-enum : uint8_t { kKnown = 1, kAdded = 2, kSpecial = 4 };
-
 const nlohmann::json& required(const nlohmann::json& object, const char* key, const JsonWhere& where) {
   if (!object.is_object() || !object.contains(key)) where.at(key).fail("missing");
   return object[key];
@@ -97,58 +97,60 @@ bool optional_bool(const nlohmann::json& object, const char* key, bool fallback,
   return object[key].get<bool>();
 }
 
-// Ids index dense tables, so a stray huge id would be a huge allocation: keep them below 2^30.
-std::optional<int32_t> as_token_id(const nlohmann::json& value) {
-  if (!value.is_number_integer()) return std::nullopt;
-  const int64_t id = value.get<int64_t>();
-  if (id < 0 || id >= (int64_t{1} << 30)) return std::nullopt;
-  return int32_t(id);
-}
+// Ids index dense tables, so a stray huge id would be a huge allocation.
+constexpr int64_t kMaxTokenId = int64_t{1} << 30;
 
 int32_t token_id_value(const nlohmann::json& value, const JsonWhere& where) {
-  const auto id = as_token_id(value);
-  if (!id) where.fail(fmt::format("expected a token id (an integer from 0 to 2^30), got {}", value.dump()));
-  return *id;
+  if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= kMaxTokenId) {
+    where.fail(fmt::format("expected a token id (an integer from 0 to 2^30), got {}", value.dump()));
+  }
+  return int32_t(value.get<int64_t>());
 }
 
-bool decoder_is_byte_level(const nlohmann::json& decoder) {
-  if (decoder.is_null()) return true;
-  if (!decoder.is_object() || !decoder.contains("type") || !decoder["type"].is_string()) return false;
-  const std::string type = decoder["type"].get<std::string>();
-  if (type == "ByteLevel") return true;
-  if (type != "Sequence" || !decoder.contains("decoders") || !decoder["decoders"].is_array()) return false;
-  return std::any_of(decoder["decoders"].begin(), decoder["decoders"].end(), [](const nlohmann::json& inner) {
-    return inner.is_object() && inner.value("type", "") == "ByteLevel";
-  });
+// Decoding maps byte-level spellings back to bytes, which is all a ByteLevel decoder does; any other
+// decoder (Metaspace, ByteFallback, ...) belongs to a vocabulary this tokenizer cannot read.
+void check_decoder(const nlohmann::json& decoder, const JsonWhere& where) {
+  if (decoder.is_null()) return;
+  const std::string type = decoder.is_object() ? decoder.value("type", std::string()) : std::string();
+  if (type == "ByteLevel") return;
+  if (type == "Sequence" && decoder.contains("decoders") && decoder["decoders"].is_array()) {
+    for (const auto& inner : decoder["decoders"]) {
+      if (inner.is_object() && inner.value("type", std::string()) == "ByteLevel") return;
+    }
+  }
+  where.fail(
+      fmt::format("unsupported decoder {} (only ByteLevel is supported)",
+                  decoder.is_object() && decoder.contains("type") ? decoder["type"].dump() : decoder.dump()));
 }
 
 }  // namespace
 
 struct Tokenizer::Impl {
-  std::string source;
   Normalizer normalizer;
   PreTokenizer pre_tokenizer;
   std::unique_ptr<BpeModel> bpe;
   std::vector<std::string> id_bytes;  // indexed by id; added tokens hold their content
-  std::vector<uint8_t> id_flags;
+  std::vector<bool> id_special;
   std::vector<AddedToken> added;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> added_by_content;
   AddedTokenTrie raw_trie;         // added tokens matched before normalization
   AddedTokenTrie normalized_trie;  // added tokens matched in normalized text
 
-  void load_model(const nlohmann::json& model, const JsonWhere& where);
+  void load_model(const TokenizerJson& parsed, const JsonWhere& where);
   void load_added_tokens(const nlohmann::json& list, const JsonWhere& where);
   void split_on_added(std::string_view text, const AddedTokenTrie& trie, bool allow_special,
                       std::vector<Segment>& out) const;
 };
 
-void Tokenizer::Impl::load_model(const nlohmann::json& model, const JsonWhere& where) {
+void Tokenizer::Impl::load_model(const TokenizerJson& parsed, const JsonWhere& where) {
+  const auto& model = required(parsed.root, "model", JsonWhere{where.source, ""});
   if (!model.is_object()) where.fail("expected an object");
   // Old files leave out the type of a BPE model; every other model names its type.
   if (model.contains("type")) {
     const auto& type = model["type"];
     if (!type.is_string() || type.get<std::string>() != "BPE") {
-      where.at("type").fail(fmt::format("unsupported tokenizer model {} (only BPE is supported)", type.dump()));
+      where.at("type").fail(
+          fmt::format("unsupported tokenizer model {} (only BPE is supported)", type.dump()));
     }
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
@@ -156,80 +158,68 @@ void Tokenizer::Impl::load_model(const nlohmann::json& model, const JsonWhere& w
       where.at(key).fail("not supported (only byte-level BPE is)");
     }
   }
-  if (optional_bool(model, "byte_fallback", false, where)) where.at("byte_fallback").fail("not supported (only byte-level BPE is)");
+  if (optional_bool(model, "byte_fallback", false, where)) {
+    where.at("byte_fallback").fail("not supported (only byte-level BPE is)");
+  }
 
   // The vocabulary is spelled in the byte-level alphabet; the model works on raw bytes.
   const JsonWhere vocab_where = where.at("vocab");
-  const auto& vocab_json = required(model, "vocab", where);
-  if (!vocab_json.is_object()) vocab_where.fail("expected an object of token -> id");
-  std::unordered_map<std::string_view, int32_t> spelled_ids;  // keys point into vocab_json
-  spelled_ids.reserve(vocab_json.size());
-  StringIdMap vocab;
-  vocab.reserve(vocab_json.size());
-  int32_t max_id = -1;
-  for (const auto& [spelled, value] : vocab_json.items()) {
-    const auto maybe_id = as_token_id(value);
-    if (!maybe_id) token_id_value(value, vocab_where.at(spelled));  // throws, naming the token
-    const int32_t id = *maybe_id;
+  if (!parsed.vocab_streamed) {
+    if (model.contains("vocab")) vocab_where.fail("expected an object of token -> id");
+    vocab_where.fail("missing");
+  }
+  StringIndex spelled_ids;
+  spelled_ids.reserve(parsed.vocab.size());
+  StringIndex vocab;
+  vocab.reserve(parsed.vocab.size());
+  for (const auto& entry : parsed.vocab) {
+    const std::string_view spelled = parsed.text(entry.token);
+    if (!entry.id_is_integer || entry.id < 0 || entry.id >= kMaxTokenId) {
+      vocab_where.at(spelled).fail("expected a token id (an integer from 0 to 2^30)");
+    }
+    const auto id = int32_t(entry.id);
     auto maybe_bytes = byte_level_to_bytes(spelled, /*lenient=*/true);
     if (!maybe_bytes) vocab_where.at(spelled).fail("not valid UTF-8");
-    std::string bytes = std::move(*maybe_bytes);
-    spelled_ids.emplace(spelled, id);
-    max_id = std::max(max_id, id);
-    if (size_t(id) >= id_bytes.size()) {
-      id_bytes.resize(size_t(id) + 1);
-      id_flags.resize(size_t(id) + 1);
-    }
-    id_bytes[size_t(id)] = bytes;
-    id_flags[size_t(id)] |= kKnown;
-    vocab.emplace(std::move(bytes), id);
+    spelled_ids.insert(spelled, id);
+    if (size_t(id) >= id_bytes.size()) id_bytes.resize(size_t(id) + 1);
+    id_bytes[size_t(id)] = *maybe_bytes;
+    vocab.insert(*maybe_bytes, id);
   }
 
   const JsonWhere merges_where = where.at("merges");
-  const auto& merges_json = model.contains("merges") ? model["merges"] : nlohmann::json::array();
-  if (!merges_json.is_array()) merges_where.fail("expected an array");
+  if (!parsed.merges_streamed && model.contains("merges") && !model["merges"].is_null()) {
+    merges_where.fail("expected an array");
+  }
+  if (parsed.bad_merge) {
+    merges_where.at(*parsed.bad_merge)
+        .fail(fmt::format("expected \"left right\" or [left, right], got {}", parsed.bad_merge_text));
+  }
   MergeTable merges;
-  merges.reserve(merges_json.size());
+  merges.reserve(parsed.merges.size());
   std::string joined;
-  for (size_t rank = 0; rank < merges_json.size(); ++rank) {
-    const auto& entry = merges_json[rank];
-    std::string_view left, right;
-    if (entry.is_string()) {
-      // The old "left right" form: byte-level tokens never contain a space (it is spelled "Ġ").
-      const std::string& text = entry.get_ref<const std::string&>();
-      const size_t space = text.find(' ');
-      if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
-        merges_where.at(rank).fail(fmt::format("expected \"left right\", got \"{}\"", text));
-      }
-      left = std::string_view(text).substr(0, space);
-      right = std::string_view(text).substr(space + 1);
-    } else if (entry.is_array() && entry.size() == 2 && entry[0].is_string() && entry[1].is_string()) {
-      left = entry[0].get_ref<const std::string&>();
-      right = entry[1].get_ref<const std::string&>();
-    } else {
-      merges_where.at(rank).fail("expected \"left right\" or [left, right]");
-    }
+  for (size_t rank = 0; rank < parsed.merges.size(); ++rank) {
+    const std::string_view left = parsed.text(parsed.merges[rank].left);
+    const std::string_view right = parsed.text(parsed.merges[rank].right);
     joined.assign(left).append(right);
-    const auto left_id = spelled_ids.find(left);
-    const auto right_id = spelled_ids.find(right);
-    const auto merged_id = spelled_ids.find(joined);
-    if (left_id == spelled_ids.end() || right_id == spelled_ids.end() || merged_id == spelled_ids.end()) {
+    const int32_t left_id = spelled_ids.find(left);
+    const int32_t right_id = spelled_ids.find(right);
+    const int32_t merged_id = spelled_ids.find(joined);
+    if (left_id < 0 || right_id < 0 || merged_id < 0) {
       merges_where.at(rank).fail(
           fmt::format("merge \"{} {}\" uses a token that is not in the vocabulary", left, right));
     }
-    merges.insert(left_id->second, right_id->second, int32_t(rank), merged_id->second);
+    merges.insert(left_id, right_id, int32_t(rank), merged_id);
   }
 
   std::optional<int32_t> unk_id;
   if (model.contains("unk_token") && model["unk_token"].is_string()) {
-    const auto found = spelled_ids.find(model["unk_token"].get_ref<const std::string&>());
-    if (found == spelled_ids.end()) where.at("unk_token").fail("not in the vocabulary");
-    unk_id = found->second;
+    const int32_t found = spelled_ids.find(model["unk_token"].get_ref<const std::string&>());
+    if (found < 0) where.at("unk_token").fail("not in the vocabulary");
+    unk_id = found;
   }
   const bool ignore_merges = optional_bool(model, "ignore_merges", false, where);
-  bpe = std::make_unique<BpeModel>(std::move(vocab), std::move(merges), ignore_merges, unk_id);
+  bpe = std::make_unique<BpeModel>(where.source, std::move(vocab), std::move(merges), ignore_merges, unk_id);
 }
-
 
 void Tokenizer::Impl::load_added_tokens(const nlohmann::json& list, const JsonWhere& where) {
   if (list.is_null()) return;
@@ -249,12 +239,10 @@ void Tokenizer::Impl::load_added_tokens(const nlohmann::json& list, const JsonWh
     token.lstrip = optional_bool(entry, "lstrip", false, entry_where);
     token.rstrip = optional_bool(entry, "rstrip", false, entry_where);
     token.normalized = optional_bool(entry, "normalized", !token.special, entry_where);
-    if (size_t(token.id) >= id_bytes.size()) {
-      id_bytes.resize(size_t(token.id) + 1);
-      id_flags.resize(size_t(token.id) + 1);
-    }
+    if (size_t(token.id) >= id_bytes.size()) id_bytes.resize(size_t(token.id) + 1);
+    if (size_t(token.id) >= id_special.size()) id_special.resize(size_t(token.id) + 1);
     id_bytes[size_t(token.id)] = token.content;
-    id_flags[size_t(token.id)] |= kKnown | kAdded | (token.special ? kSpecial : 0);
+    id_special[size_t(token.id)] = token.special;
     added_by_content[token.content] = token.id;
     if (token.normalized) token.content = normalizer.apply(token.content);
     const int32_t index = int32_t(added.size());
@@ -325,25 +313,20 @@ std::unique_ptr<Tokenizer> Tokenizer::from_file(const std::filesystem::path& tok
   return from_json_text(contents.str(), tokenizer_json.string());
 }
 
-std::unique_ptr<Tokenizer> Tokenizer::from_json_text(const std::string& json_text, const std::string& source_name) {
+std::unique_ptr<Tokenizer> Tokenizer::from_json_text(const std::string& json_text,
+                                                     const std::string& source_name) {
   const JsonWhere root{source_name, ""};
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& error) {
-    root.fail(fmt::format("not valid JSON ({})", error.what()));
-  }
+  TokenizerJson parsed = parse_tokenizer_json(json_text, root);
+  const nlohmann::json& json = parsed.root;
   if (!json.is_object()) root.fail("expected a JSON object at the top level");
 
   std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
   Impl& impl = *tokenizer->impl_;
-  impl.source = source_name;
   impl.normalizer = Normalizer::from_json(json.value("normalizer", nlohmann::json()), root.at("normalizer"));
-  impl.pre_tokenizer = PreTokenizer::from_json(json.value("pre_tokenizer", nlohmann::json()), root.at("pre_tokenizer"));
-  if (!decoder_is_byte_level(json.value("decoder", nlohmann::json()))) {
-    root.at("decoder").fail("unsupported decoder (only ByteLevel is supported)");
-  }
-  impl.load_model(required(json, "model", root), root.at("model"));
+  impl.pre_tokenizer =
+      PreTokenizer::from_json(json.value("pre_tokenizer", nlohmann::json()), root.at("pre_tokenizer"));
+  check_decoder(json.value("decoder", nlohmann::json()), root.at("decoder"));
+  impl.load_model(parsed, root.at("model"));
   impl.load_added_tokens(json.value("added_tokens", nlohmann::json()), root.at("added_tokens"));
   return tokenizer;
 }
@@ -363,7 +346,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special
       ids.push_back(raw.id);
       continue;
     }
-    const std::string normalized = impl.normalizer.is_identity() ? std::string() : impl.normalizer.apply(raw.text);
+    const std::string normalized =
+        impl.normalizer.is_identity() ? std::string() : impl.normalizer.apply(raw.text);
     const std::string_view plain = impl.normalizer.is_identity() ? raw.text : std::string_view(normalized);
     segments.clear();
     impl.split_on_added(plain, impl.normalized_trie, allow_special, segments);
@@ -407,13 +391,13 @@ std::optional<int32_t> Tokenizer::token_id(std::string_view token_text) const {
   // Vocabulary tokens are named by their byte-level spelling, as in tokenizer.json ("Ġthe").
   const auto bytes = byte_level_to_bytes(token_text, /*lenient=*/false);
   if (!bytes) return std::nullopt;
-  const auto found = impl_->bpe->vocab().find(*bytes);
-  if (found == impl_->bpe->vocab().end()) return std::nullopt;
-  return found->second;
+  const int32_t id = impl_->bpe->vocab().find(*bytes);
+  if (id < 0) return std::nullopt;
+  return id;
 }
 
 bool Tokenizer::is_special(int32_t id) const {
-  return id >= 0 && size_t(id) < impl_->id_flags.size() && (impl_->id_flags[size_t(id)] & kSpecial);
+  return id >= 0 && size_t(id) < impl_->id_special.size() && impl_->id_special[size_t(id)];
 }
 
 }  // namespace anvil

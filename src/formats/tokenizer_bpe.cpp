@@ -14,7 +14,7 @@ uint64_t pair_key(int32_t left, int32_t right) { return uint64_t(uint32_t(left))
 
 size_t MergeTable::slot_of(uint64_t key) const {
   // Fibonacci hashing spreads the structured (left, right) keys over the table.
-  size_t slot = size_t((key * 0x9E3779B97F4A7C15ull) >> 20) & mask_;
+  size_t slot = size_t((key * 0x9E3779B97F4A7C15ull) >> shift_);
   while (slots_[slot].key != kEmpty && slots_[slot].key != key) slot = (slot + 1) & mask_;
   return slot;
 }
@@ -26,6 +26,8 @@ void MergeTable::reserve(size_t count) {
   std::vector<Slot> old = std::move(slots_);
   slots_.assign(capacity, Slot{kEmpty, -1, -1});
   mask_ = capacity - 1;
+  shift_ = 64;
+  for (size_t c = capacity; c > 1; c >>= 1) --shift_;
   for (const Slot& slot : old) {
     if (slot.key != kEmpty) slots_[slot_of(slot.key)] = slot;
   }
@@ -46,14 +48,76 @@ std::pair<int32_t, int32_t> MergeTable::find(int32_t left, int32_t right) const 
   return {slot.rank, slot.merged};
 }
 
+// ---- StringIndex -------------------------------------------------------------------------------
+
+uint64_t StringIndex::hash(std::string_view key) {
+  // FNV-1a, then a multiply-shift finish so the low bits (the slot) depend on every byte. Keys are
+  // short (tokens average a few bytes), where this beats the library's hash.
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (const char c : key) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
+  h ^= h >> 32;
+  h *= 0x9E3779B97F4A7C15ull;
+  return h ^ (h >> 29);
+}
+
+size_t StringIndex::probe(std::string_view key, uint64_t h) const {
+  size_t index = size_t(h) & mask_;
+  for (;;) {
+    const Slot& slot = slots_[index];
+    if (slot.id < 0) return index;
+    if (slot.hash_high == uint32_t(h >> 32) && slot.length == key.size() &&
+        std::string_view(arena_).substr(slot.begin, slot.length) == key) {
+      return index;
+    }
+    index = (index + 1) & mask_;
+  }
+}
+
+void StringIndex::reserve(size_t count) {
+  size_t capacity = 16;
+  while (capacity < count * 2) capacity *= 2;
+  if (capacity <= slots_.size()) return;
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(capacity, Slot{});
+  mask_ = capacity - 1;
+  for (const Slot& slot : old) {
+    if (slot.id < 0) continue;
+    const std::string_view key = std::string_view(arena_).substr(slot.begin, slot.length);
+    slots_[probe(key, hash(key))] = slot;
+  }
+}
+
+void StringIndex::insert(std::string_view key, int32_t id) {
+  if ((size_ + 1) * 2 > slots_.size()) reserve(size_ + 1);
+  if (arena_.size() + key.size() > UINT32_MAX) anvil::fail("vocabulary holds over 4 GiB of text");
+  const uint64_t h = hash(key);
+  Slot& slot = slots_[probe(key, h)];
+  if (slot.id >= 0) {
+    slot.id = id;
+    return;
+  }
+  slot = Slot{uint32_t(arena_.size()), uint32_t(key.size()), uint32_t(h >> 32), id};
+  arena_.append(key);
+  ++size_;
+}
+
+int32_t StringIndex::find(std::string_view key) const {
+  if (slots_.empty()) return -1;
+  return slots_[probe(key, hash(key))].id;
+}
+
 // ---- BpeModel ----------------------------------------------------------------------------------
 
-BpeModel::BpeModel(StringIdMap vocab, MergeTable merges, bool ignore_merges, std::optional<int32_t> unk_id)
-    : vocab_(std::move(vocab)), merges_(std::move(merges)), ignore_merges_(ignore_merges), unk_id_(unk_id) {
+BpeModel::BpeModel(std::string source, StringIndex vocab, MergeTable merges, bool ignore_merges,
+                   std::optional<int32_t> unk_id)
+    : source_(std::move(source)),
+      vocab_(std::move(vocab)),
+      merges_(std::move(merges)),
+      ignore_merges_(ignore_merges),
+      unk_id_(unk_id) {
   for (int byte = 0; byte < 256; ++byte) {
     const char c = char(byte);
-    const auto found = vocab_.find(std::string_view(&c, 1));
-    byte_ids_[size_t(byte)] = found == vocab_.end() ? -1 : found->second;
+    byte_ids_[size_t(byte)] = vocab_.find(std::string_view(&c, 1));
   }
 }
 
@@ -62,9 +126,9 @@ void BpeModel::encode(std::string_view piece, std::vector<int32_t>& out, BpeScra
   // tiktoken never splits a pre-token that is itself a token, and tokenizers' ignore_merges copies
   // that: it can differ from what the merges would build.
   if (ignore_merges_ || piece.size() == 1) {
-    const auto found = vocab_.find(piece);
-    if (found != vocab_.end()) {
-      out.push_back(found->second);
+    const int32_t id = vocab_.find(piece);
+    if (id >= 0) {
+      out.push_back(id);
       return;
     }
   }
@@ -94,9 +158,10 @@ void BpeModel::merge(std::string_view piece, std::vector<int32_t>& out, BpeScrat
   for (int32_t i = 0; i < count; ++i) {
     int32_t id = byte_ids_[static_cast<unsigned char>(piece[size_t(i)])];
     if (id < 0) {
-      if (!unk_id_)
-        anvil::fail("byte 0x{:02X} has no token in the BPE vocabulary and there is no unk_token",
+      if (!unk_id_) {
+        anvil::fail("{}: byte 0x{:02X} has no token in the vocabulary and there is no unk_token", source_,
                     static_cast<unsigned char>(piece[size_t(i)]));
+      }
       id = *unk_id_;
     }
     symbols.push_back({id, i - 1, i + 1 < count ? i + 1 : -1, true});

@@ -25,10 +25,47 @@ namespace anvil::tokenizer_detail {
 struct JsonWhere {
   const std::string& source;
   std::string field;
-  JsonWhere at(std::string_view key) const { return {source, field.empty() ? std::string(key) : field + "." + std::string(key)}; }
+  JsonWhere at(std::string_view key) const {
+    return {source, field.empty() ? std::string(key) : field + "." + std::string(key)};
+  }
   JsonWhere at(size_t index) const { return {source, field + "[" + std::to_string(index) + "]"}; }
   [[noreturn]] void fail(std::string_view problem) const;
 };
+
+// ---- tokenizer.json parsing -------------------------------------------------------------------
+
+// tokenizer.json as parsed: a DOM of everything but the BPE model's vocab and merges, which are
+// streamed into flat arrays instead (a DOM of their ~650k small strings takes over a second to build
+// and free, several times the parse itself).
+struct TokenizerJson {
+  struct Slice {
+    uint32_t begin = 0;
+    uint32_t length = 0;
+  };
+  struct VocabEntry {
+    Slice token;  // byte-level spelling
+    int64_t id;
+    bool id_is_integer;
+  };
+  struct Merge {
+    Slice left;
+    Slice right;
+  };
+  nlohmann::json root;  // model.vocab / model.merges are left out when they were streamed
+  bool vocab_streamed = false;
+  bool merges_streamed = false;
+  std::string arena;  // the text of all slices
+  std::vector<VocabEntry> vocab;
+  std::vector<Merge> merges;
+  std::optional<size_t> bad_merge;  // index of the first merge entry of the wrong shape
+  std::string bad_merge_text;
+
+  std::string_view text(Slice slice) const {
+    return std::string_view(arena).substr(slice.begin, slice.length);
+  }
+};
+// Throws anvil::Error naming `where.source` when the text is not valid JSON.
+TokenizerJson parse_tokenizer_json(const std::string& json_text, const JsonWhere& where);
 
 // ---- UTF-8 -------------------------------------------------------------------------------------
 
@@ -144,11 +181,36 @@ class PreTokenizer {
 
 // ---- BPE model ---------------------------------------------------------------------------------
 
+// Open-addressing map from byte strings to ids, with the keys in one arena. The vocabulary is probed
+// for every pre-token (ignore_merges) and, while loading, three times for each merge: a node-based
+// map's cache misses dominated both.
+class StringIndex {
+ public:
+  void reserve(size_t count);
+  // A later id for the same key replaces the earlier one.
+  void insert(std::string_view key, int32_t id);
+  // -1 when absent.
+  int32_t find(std::string_view key) const;
+
+ private:
+  struct Slot {
+    uint32_t begin = 0;
+    uint32_t length = 0;
+    uint32_t hash_high = 0;
+    int32_t id = -1;
+  };
+  static uint64_t hash(std::string_view key);
+  size_t probe(std::string_view key, uint64_t hash) const;
+  std::string arena_;
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+  size_t size_ = 0;
+};
+
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
 };
-using StringIdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
 // Open-addressing map from a pair of token ids to (merge rank, merged id): the merge table is
 // probed for every adjacent pair of every pre-token, so it is kept flat.
@@ -170,6 +232,7 @@ class MergeTable {
   size_t slot_of(uint64_t key) const;
   std::vector<Slot> slots_;
   size_t mask_ = 0;
+  int shift_ = 64;  // the top bits of the hash index the table
   size_t size_ = 0;
 };
 
@@ -192,15 +255,17 @@ struct BpeScratch {
 class BpeModel {
  public:
   // vocab maps raw bytes (not the byte-level spelling) to ids.
-  BpeModel(StringIdMap vocab, MergeTable merges, bool ignore_merges, std::optional<int32_t> unk_id);
+  BpeModel(std::string source, StringIndex vocab, MergeTable merges, bool ignore_merges,
+           std::optional<int32_t> unk_id);
   // Appends the ids of one pre-token.
   void encode(std::string_view piece, std::vector<int32_t>& out, BpeScratch& scratch) const;
-  const StringIdMap& vocab() const { return vocab_; }
+  const StringIndex& vocab() const { return vocab_; }
 
  private:
   void merge(std::string_view piece, std::vector<int32_t>& out, BpeScratch& scratch) const;
 
-  StringIdMap vocab_;
+  std::string source_;  // the tokenizer file, for errors
+  StringIndex vocab_;
   MergeTable merges_;
   bool ignore_merges_;
   std::optional<int32_t> unk_id_;

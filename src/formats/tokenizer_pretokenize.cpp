@@ -149,12 +149,24 @@ RegexScratch::~RegexScratch() {
 }
 
 Regex::Regex(std::string_view pattern, bool literal, const JsonWhere& where) {
-  const std::string effective = literal ? std::string(pattern) : widen_whitespace_escapes(pattern);
+  const std::string effective = literal ? std::string(pattern) : std::string(pattern); (void)widen_whitespace_escapes;
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
   const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
   code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(effective.data()), effective.size(), options,
                         &error_code, &error_offset, nullptr);
+  if (!code_ && effective != pattern) {
+    // Report the error against the pattern as written in the file, not the widened one.
+    int original_code = 0;
+    PCRE2_SIZE original_offset = 0;
+    pcre2_code* original = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                         options, &original_code, &original_offset, nullptr);
+    if (original) {
+      pcre2_code_free(original);
+    } else {
+      error_code = original_code, error_offset = original_offset;
+    }
+  }
   if (!code_) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof message);

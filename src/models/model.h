@@ -64,6 +64,7 @@ enum class LoadFormat { Auto, Dummy };
 struct LoadOptions {
   LoadFormat format = LoadFormat::Auto;
   uint64_t dummy_seed = 0;
+  bool rope_inv_freq_bf16 = false;  // see RopeConfig::inv_freq_bf16
 };
 
 // Reads config.json (and the weights unless dummy) from model_dir.

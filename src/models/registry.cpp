@@ -53,7 +53,8 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<W
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& model_dir, const LoadOptions& options) {
   if (!std::filesystem::is_directory(model_dir)) fail("{}: model directory does not exist", model_dir.string());
-  const ModelConfig config = load_model_config(model_dir / "config.json");
+  ModelConfig config = load_model_config(model_dir / "config.json");
+  config.rope.inv_freq_bf16 = options.rope_inv_freq_bf16;
   auto weights = options.format == LoadFormat::Dummy ? make_dummy_weights(options.dummy_seed)
                                                      : open_checkpoint_weights(model_dir);
   return create_model(config, std::move(weights));

@@ -87,8 +87,10 @@ TEST(CliLogits, WritesReferenceLogits) {
   test::TempDir dir;
   const auto c = first_case("qwen3moe-tiny", 1);
   const fs::path out = dir.path() / "logits.safetensors";
+  // bf16 RoPE frequencies reproduce how the Qwen3 references were made (see tests/models).
   const auto result = run_anvil("logits --model " + quoted(test::fixtures_dir() / "qwen3moe-tiny") + " --prompt-ids " +
-                                join_ids(c.at("prompt_ids").get<std::vector<int32_t>>()) + " --out " + quoted(out));
+                                join_ids(c.at("prompt_ids").get<std::vector<int32_t>>()) + " --out " + quoted(out) +
+                                " --rope-freq-dtype bf16");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   SafetensorsFile got(out), want(test::fixtures_dir() / "qwen3moe-tiny" / "reference_logits.safetensors");
   const TensorView& g = got.tensor("logits");

@@ -128,7 +128,9 @@ TEST(SafetensorsWrite, RoundTrip) {
   const TensorView& step = file.tensor("step");
   EXPECT_TRUE(step.shape.empty());
   EXPECT_EQ(step.nbytes(), 8u);
-  EXPECT_EQ(*static_cast<const int64_t*>(step.data), scalar);
+  int64_t step_value;  // follows five u8 bytes, so not 8-byte aligned
+  std::memcpy(&step_value, step.data, sizeof step_value);
+  EXPECT_EQ(step_value, scalar);
   EXPECT_EQ(file.tensor("empty").nbytes(), 0u);
 
   // Overwriting a file that is still mapped must leave the old mapping readable.

@@ -44,7 +44,8 @@ std::string error_of(const std::function<void()>& action) {
 // ---- o200k_harmony against tiktoken's ids ------------------------------------------------------
 
 TEST(TokenizerHarmony, EncodesEveryFixtureCaseLikeTiktoken) {
-  const auto cases = nlohmann::json::parse(test::read_file(test::fixtures_dir() / "o200k_harmony" / "encode_cases.json"));
+  const auto cases =
+      nlohmann::json::parse(test::read_file(test::fixtures_dir() / "o200k_harmony" / "encode_cases.json"));
   const auto& list = cases.at("cases");
   ASSERT_FALSE(list.empty());
   size_t encoded = 0, round_tripped = 0;
@@ -119,13 +120,26 @@ TEST(TokenizerHarmony, DecodeReplacesInvalidUtf8PerMaximalSubsequence) {
   const Tokenizer& t = harmony();
   const int32_t f0 = id_of_bytes(t, "\xF0"), x9f = id_of_bytes(t, "\x9F"), e0 = id_of_bytes(t, "\xE0");
   const int32_t x80 = id_of_bytes(t, "\x80"), a = id_of_bytes(t, "A");
-  EXPECT_EQ(t.decode(Ids{f0, x9f, a}), "\xEF\xBF\xBD" "A");  // one truncated sequence: one U+FFFD
+  EXPECT_EQ(t.decode(Ids{f0, x9f, a}),
+            "\xEF\xBF\xBD"
+            "A");                                                 // one truncated sequence: one U+FFFD
   EXPECT_EQ(t.decode(Ids{e0, x80}), "\xEF\xBF\xBD\xEF\xBF\xBD");  // E0 80 can never start a character
   EXPECT_EQ(t.decode(Ids{a, f0}), "A\xEF\xBF\xBD");
 }
 
+TEST(TokenizerHarmony, NextLineIsWhitespaceAsInTiktoken) {
+  // tiktoken's regex engine counts U+0085 as \s (Unicode White_Space) and PCRE2 alone would not:
+  // as whitespace it cannot join the "!" after it into one pre-token.
+  const std::string nel = "\xC2\x85";
+  Ids expected = harmony().encode(nel, false);
+  const Ids bang = harmony().encode("!", false);
+  expected.insert(expected.end(), bang.begin(), bang.end());
+  EXPECT_EQ(harmony().encode(nel + "!", false), expected);
+}
+
 TEST(TokenizerHarmony, EncodeIsThreadSafe) {
-  const std::string text = "Concurrent encoders share one cache: naïve façade, 12345, 日本語, 🤖 and more text.";
+  const std::string text =
+      "Concurrent encoders share one cache: naïve façade, 12345, 日本語, 🤖 and more text.";
   const Ids expected = harmony().encode(text, true);
   std::vector<std::thread> threads;
   std::vector<int> ok(4, 0);
@@ -182,7 +196,9 @@ TEST(StreamDecoder, InvalidAndUnfinishedSequencesBecomeReplacementCharacters) {
     StreamDecoder stream(t);
     EXPECT_EQ(stream.push(f0), "");
     EXPECT_EQ(stream.push(x9f), "");
-    EXPECT_EQ(stream.push(a), "\xEF\xBF\xBD" "A");
+    EXPECT_EQ(stream.push(a),
+              "\xEF\xBF\xBD"
+              "A");
     EXPECT_EQ(stream.finish(), "");
   }
   {
@@ -218,11 +234,11 @@ TEST(StreamDecoder, IsValidUtf8) {
   EXPECT_TRUE(is_valid_utf8(""));
   EXPECT_TRUE(is_valid_utf8("plain ascii"));
   EXPECT_TRUE(is_valid_utf8("é日🤖\xF4\x8F\xBF\xBF"));  // U+10FFFF is the last code point
-  EXPECT_FALSE(is_valid_utf8("\xF4\x90\x80\x80"));    // past U+10FFFF
-  EXPECT_FALSE(is_valid_utf8("\xED\xA0\x80"));        // surrogate
-  EXPECT_FALSE(is_valid_utf8("\xE0\x80\xAF"));        // overlong
-  EXPECT_FALSE(is_valid_utf8("\xC3"));                // truncated
-  EXPECT_FALSE(is_valid_utf8("\x80"));                // stray continuation
+  EXPECT_FALSE(is_valid_utf8("\xF4\x90\x80\x80"));          // past U+10FFFF
+  EXPECT_FALSE(is_valid_utf8("\xED\xA0\x80"));              // surrogate
+  EXPECT_FALSE(is_valid_utf8("\xE0\x80\xAF"));              // overlong
+  EXPECT_FALSE(is_valid_utf8("\xC3"));                      // truncated
+  EXPECT_FALSE(is_valid_utf8("\x80"));                      // stray continuation
   EXPECT_FALSE(is_valid_utf8("\xFF"));
 }
 
@@ -253,7 +269,8 @@ const char* const kSmallTokenizer = R"json({
   }
 })json";
 
-std::unique_ptr<Tokenizer> small_tokenizer(const std::string& edit_from = "", const std::string& edit_to = "") {
+std::unique_ptr<Tokenizer> small_tokenizer(const std::string& edit_from = "",
+                                           const std::string& edit_to = "") {
   std::string json = kSmallTokenizer;
   if (!edit_from.empty()) {
     const size_t at = json.find(edit_from);
@@ -343,10 +360,12 @@ TEST(TokenizerSmall, MalformedFilesNameFileAndField) {
 
 TEST(TokenizerSmall, PairMergesAndPlainByteLevelPreTokenizer) {
   // The newer [left, right] merge form and GPT-2's own regex through a lone ByteLevel pre-tokenizer.
-  auto t = small_tokenizer("\"merges\": [\"b c\", \"a b\", \"Ã ©\", \"1 2\", \"a a\"]",
-                           "\"merges\": [[\"b\", \"c\"], [\"a\", \"b\"], [\"Ã\", \"©\"], [\"1\", \"2\"], [\"a\", \"a\"]]");
+  auto t = small_tokenizer(
+      "\"merges\": [\"b c\", \"a b\", \"Ã ©\", \"1 2\", \"a a\"]",
+      "\"merges\": [[\"b\", \"c\"], [\"a\", \"b\"], [\"Ã\", \"©\"], [\"1\", \"2\"], [\"a\", \"a\"]]");
   EXPECT_EQ(t->encode("abc", false), (Ids{0, 12}));
-  const std::string gpt2 = R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": true, "use_regex": true},)";
+  const std::string gpt2 =
+      R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": true, "use_regex": true},)";
   std::string json = kSmallTokenizer;
   const size_t begin = json.find("\"pre_tokenizer\"");
   const size_t end = json.find("\"post_processor\"");

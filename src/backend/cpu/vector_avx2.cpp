@@ -38,7 +38,7 @@ void axpy_f32_avx2(float a, const float* x, float* y, int64_t n) {
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
   }
   // Scalar tail with an explicit fma so every element is rounded once, like the vector body.
-  for (; i < n; ++i) y[i] = _mm_cvtss_f32(_mm_fmadd_ss(va, _mm_set_ss(x[i]), _mm_set_ss(y[i])));
+  for (; i < n; ++i) y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm256_castps256_ps128(va), _mm_set_ss(x[i]), _mm_set_ss(y[i])));
 }
 
 }  // namespace anvil::cpu

@@ -1,0 +1,163 @@
+// Linear-layer kernels at gpt-oss shapes, and the machine's copy bandwidth to judge them by.
+//
+// Matrix-vector (tokens = 1) is memory bound: bytes_per_second counts weight bytes streamed per
+// second, and pct_copy_bw compares that with measure_copy_bandwidth_gbps (STREAM-copy convention,
+// read + write bytes). Matrix-matrix (tokens = 8, 64) is compute bound: FLOPS counts 2 * out * in
+// * tokens per call. Threads are per benchmark; ANVIL_THREADS does not apply here.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/memory_bandwidth.h"
+#include "backend/linear.h"
+#include "backend/vector_ops.h"
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace {
+
+using anvil::LinearWeight;
+using anvil::ThreadPool;
+using anvil::WeightFormat;
+
+ThreadPool& pool_of(int threads) {
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  auto& pool = pools[threads];
+  if (!pool) pool = std::make_unique<ThreadPool>(threads);
+  return *pool;
+}
+
+// Measured once, on first use, with all threads the largest benchmark uses.
+double copy_bandwidth_gbps() {
+  static const double gbps = anvil::measure_copy_bandwidth_gbps(pool_of(2));
+  return gbps;
+}
+
+uint64_t next_random(uint64_t& state) {
+  state ^= state << 13;
+  state ^= state >> 7;
+  state ^= state << 17;
+  return state;
+}
+
+// Random weights in [-1, 1) (or random FP4 codes with scales near 1), owned by the object.
+struct Layer {
+  std::vector<uint8_t> data;
+  std::vector<uint8_t> scales;
+  LinearWeight weight;
+
+  Layer(WeightFormat format, int64_t out, int64_t in) {
+    uint64_t state = 0x9e3779b97f4a7c15ull;
+    const size_t n = size_t(out * in);
+    auto uniform = [&] { return float(next_random(state) >> 40) / float(1 << 23) - 1.0f; };
+    if (format == WeightFormat::MXFP4) {
+      data.resize(n / 2);
+      for (auto& byte : data) byte = uint8_t(next_random(state));
+      scales.resize(n / 32);
+      for (auto& s : scales) s = uint8_t(120 + next_random(state) % 8);
+    } else if (format == WeightFormat::F32) {
+      data.resize(n * 4);
+      for (size_t i = 0; i < n; ++i) {
+        const float v = uniform();
+        std::memcpy(data.data() + 4 * i, &v, 4);
+      }
+    } else {
+      data.resize(n * 2);
+      for (size_t i = 0; i < n; ++i) {
+        const float v = uniform();
+        const uint16_t bits = format == WeightFormat::BF16 ? anvil::f32_to_bf16(v) : anvil::f32_to_f16(v);
+        std::memcpy(data.data() + 2 * i, &bits, 2);
+      }
+    }
+    weight.format = format;
+    weight.out_features = out;
+    weight.in_features = in;
+    weight.data = data.data();
+    weight.scales = scales.empty() ? nullptr : scales.data();
+  }
+};
+
+const char* format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::F32: return "F32";
+    case WeightFormat::BF16: return "BF16";
+    case WeightFormat::F16: return "F16";
+    case WeightFormat::MXFP4: return "MXFP4";
+  }
+  return "?";
+}
+
+void bench_linear(benchmark::State& state, WeightFormat format, int64_t out, int64_t in, int64_t tokens, int threads) {
+  const Layer layer(format, out, in);
+  uint64_t seed = 12345;
+  std::vector<float> x(size_t(tokens * in));
+  for (auto& v : x) v = float(next_random(seed) >> 40) / float(1 << 23) - 1.0f;
+  std::vector<float> y(size_t(tokens * out));
+  ThreadPool& pool = pool_of(threads);
+  const double copy_gbps = tokens == 1 ? copy_bandwidth_gbps() : 0.0;
+
+  for (auto _ : state) {
+    anvil::linear_forward(layer.weight, x.data(), tokens, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double bytes = double(layer.weight.weight_bytes());
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(bytes));
+  state.counters["FLOPS"] = benchmark::Counter(2.0 * double(out) * double(in) * double(tokens),
+                                               benchmark::Counter::kIsIterationInvariantRate);
+  if (tokens == 1 && copy_gbps > 0.0) {
+    // Weight GB/s as a percentage of copy GB/s: iteration-invariant rate of bytes, scaled.
+    state.counters["pct_copy_bw"] = benchmark::Counter(bytes * 100.0 / (copy_gbps * 1e9),
+                                                       benchmark::Counter::kIsIterationInvariantRate);
+  }
+  state.SetLabel(anvil::cpu_kernel_isa());
+}
+
+void bench_copy_bandwidth(benchmark::State& state, int threads) {
+  double gbps = 0.0;
+  for (auto _ : state) gbps = anvil::measure_copy_bandwidth_gbps(pool_of(threads));
+  state.counters["copy_GBps"] = gbps;
+}
+
+void register_benchmarks() {
+  struct Shape {
+    int64_t out, in;
+  };
+  for (int threads : {1, 2}) {
+    benchmark::RegisterBenchmark(("copy_bandwidth/threads:" + std::to_string(threads)).c_str(), bench_copy_bandwidth,
+                                 threads)
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  for (WeightFormat format : {WeightFormat::BF16, WeightFormat::MXFP4}) {
+    for (Shape shape : {Shape{5760, 2880}, Shape{2880, 2880}}) {
+      for (int64_t tokens : {1, 8, 64}) {
+        for (int threads : {1, 2}) {
+          const std::string name = std::string(tokens == 1 ? "matvec/" : "matmul/") + format_name(format) + "/" +
+                                   std::to_string(shape.out) + "x" + std::to_string(shape.in) +
+                                   "/tokens:" + std::to_string(tokens) + "/threads:" + std::to_string(threads);
+          benchmark::RegisterBenchmark(name.c_str(), bench_linear, format, shape.out, shape.in, tokens, threads)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_benchmarks();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,419 @@
+#include "backend/linear.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/linear_kernels.h"
+#include "backend/vector_ops.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace anvil {
+namespace {
+
+const char* name_of(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::F32:
+      return "F32";
+    case WeightFormat::BF16:
+      return "BF16";
+    case WeightFormat::F16:
+      return "F16";
+    case WeightFormat::MXFP4:
+      return "MXFP4";
+  }
+  return "?";
+}
+
+// A layer with random weights that owns its storage.
+struct RandomLayer {
+  std::vector<uint8_t> data;
+  std::vector<uint8_t> scales;
+  std::vector<float> bias;
+  LinearWeight weight;
+
+  RandomLayer(WeightFormat format, int64_t out, int64_t in, bool with_bias, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    const size_t n = size_t(out * in);
+    switch (format) {
+      case WeightFormat::F32: {
+        data.resize(n * 4);
+        for (size_t i = 0; i < n; ++i) {
+          const float v = uniform(rng);
+          std::memcpy(data.data() + 4 * i, &v, 4);
+        }
+        break;
+      }
+      case WeightFormat::BF16:
+      case WeightFormat::F16: {
+        data.resize(n * 2);
+        for (size_t i = 0; i < n; ++i) {
+          const float v = uniform(rng);
+          const uint16_t bits = format == WeightFormat::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+          std::memcpy(data.data() + 2 * i, &bits, 2);
+        }
+        break;
+      }
+      case WeightFormat::MXFP4: {
+        data.resize(n / 2);
+        for (auto& byte : data) byte = uint8_t(rng());
+        scales.resize(n / 32);
+        // Around 2^0, spread enough that a scale applied to the wrong block shows.
+        for (auto& s : scales) s = uint8_t(120 + rng() % 12);
+        break;
+      }
+    }
+    if (with_bias) {
+      bias.resize(size_t(out));
+      for (auto& b : bias) b = uniform(rng);
+    }
+    weight.format = format;
+    weight.out_features = out;
+    weight.in_features = in;
+    weight.data = data.data();
+    weight.scales = scales.empty() ? nullptr : scales.data();
+    weight.bias = bias.empty() ? nullptr : bias.data();
+  }
+};
+
+std::vector<float> random_input(int64_t tokens, int64_t in, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(size_t(tokens * in));
+  for (auto& v : x) v = normal(rng);
+  return x;
+}
+
+struct Shape {
+  int64_t out;
+  int64_t in;
+};
+
+struct RowRange {
+  int64_t begin;
+  int64_t end;
+};
+
+// Rows [range.begin, range.end) of the layer as a layer of their own.
+LinearWeight slice_rows(const LinearWeight& weight, RowRange range) {
+  LinearWeight slice = weight;
+  slice.out_features = range.end - range.begin;
+  const int64_t in = weight.in_features;
+  const uint8_t* data = static_cast<const uint8_t*>(weight.data);
+  switch (weight.format) {
+    case WeightFormat::F32:
+      slice.data = data + range.begin * in * 4;
+      break;
+    case WeightFormat::BF16:
+    case WeightFormat::F16:
+      slice.data = data + range.begin * in * 2;
+      break;
+    case WeightFormat::MXFP4:
+      slice.data = data + range.begin * in / 2;
+      slice.scales = weight.scales + range.begin * in / 32;
+      break;
+  }
+  if (weight.bias != nullptr) slice.bias = weight.bias + range.begin;
+  return slice;
+}
+
+// Runs linear_forward (and the portable kernel) for each token count on a prefix of one input
+// and compares the rows in `checked` with the reference, allowing float32 reassociation error:
+// 1e-5 of sum_i |x_i * w_i| + |bias|. The reference is slow, so big layers check a few row ranges
+// (including the boundary between the two threads' halves).
+void check_against_reference(WeightFormat format, Shape shape, const std::vector<int64_t>& token_counts,
+                             bool bias, uint32_t seed, std::vector<RowRange> checked = {}) {
+  if (checked.empty()) checked.push_back({0, shape.out});
+  RandomLayer layer(format, shape.out, shape.in, bias, seed);
+  int64_t max_tokens = 0;
+  for (int64_t t : token_counts) max_tokens = std::max(max_tokens, t);
+  const std::vector<float> x = random_input(max_tokens, shape.in, seed + 1);
+
+  struct Expected {
+    RowRange rows;
+    std::vector<float> y;           // [max_tokens, rows]
+    std::vector<double> magnitude;  // [max_tokens, rows]
+  };
+  std::vector<Expected> expected;
+  for (const RowRange& range : checked) {
+    const LinearWeight slice = slice_rows(layer.weight, range);
+    Expected e{range, std::vector<float>(size_t(max_tokens * slice.out_features)),
+               std::vector<double>(size_t(max_tokens * slice.out_features))};
+    linear_forward_reference(slice, x.data(), max_tokens, e.y.data());
+    std::vector<float> w(static_cast<size_t>(shape.in));
+    for (int64_t o = 0; o < slice.out_features; ++o) {
+      linear_decode_row(slice, o, w.data());
+      for (int64_t t = 0; t < max_tokens; ++t) {
+        double sum = slice.bias != nullptr ? std::fabs(double(slice.bias[o])) : 0.0;
+        for (int64_t i = 0; i < shape.in; ++i)
+          sum += std::fabs(double(x[size_t(t * shape.in + i)]) * double(w[size_t(i)]));
+        e.magnitude[size_t(t * slice.out_features + o)] = sum;
+      }
+    }
+    expected.push_back(std::move(e));
+  }
+
+  auto compare = [&](const std::vector<float>& y, int64_t tokens, const std::string& what) {
+    int failures = 0;
+    for (const Expected& e : expected) {
+      const int64_t rows = e.rows.end - e.rows.begin;
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t o = 0; o < rows && failures < 5; ++o) {
+          const float got = y[size_t(t * shape.out + e.rows.begin + o)];
+          const float want = e.y[size_t(t * rows + o)];
+          const double tolerance = 1e-5 * e.magnitude[size_t(t * rows + o)] + 1e-30;
+          const double error = std::fabs(double(got) - double(want));
+          if (!(error <= tolerance)) {
+            ADD_FAILURE() << what << ": token " << t << " row " << e.rows.begin + o << " got " << got
+                          << " expected " << want << " (error " << error << ", tolerance " << tolerance
+                          << ")";
+            ++failures;
+          }
+        }
+      }
+    }
+  };
+
+  ThreadPool pool(2);
+  for (int64_t tokens : token_counts) {
+    const std::string what = std::string(name_of(format)) + " out=" + std::to_string(shape.out) +
+                             " in=" + std::to_string(shape.in) + " tokens=" + std::to_string(tokens) +
+                             (bias ? " bias" : "");
+    std::vector<float> y(size_t(tokens * shape.out), NAN);
+    linear_forward(layer.weight, x.data(), tokens, y.data(), pool);
+    compare(y, tokens, what + " (" + cpu_kernel_isa() + ")");
+
+    std::vector<float> y_portable(size_t(tokens * shape.out), NAN);
+    cpu::linear_forward_scalar(layer.weight, x.data(), tokens, y_portable.data(), pool);
+    compare(y_portable, tokens, what + " (portable kernel)");
+  }
+}
+
+const WeightFormat kAllFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
+                                    WeightFormat::MXFP4};
+
+TEST(Linear, MatchesReferenceOnSmallShapes) {
+  // Every token-tile size (1..8) and tile remainders, odd row counts and, for the dense formats,
+  // in sizes that leave a tail after the SIMD chunks.
+  const std::vector<int64_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 23};
+  for (WeightFormat format : kAllFormats) {
+    std::vector<Shape> shapes = {{37, 64}, {1, 32}, {3, 96}, {130, 320}, {17, 2880}};
+    if (format != WeightFormat::MXFP4) {
+      shapes.insert(shapes.end(), {{37, 67}, {1, 1}, {5, 7}, {9, 15}, {33, 17}, {70, 301}});
+    }
+    uint32_t seed = 1;
+    for (const Shape& shape : shapes) {
+      check_against_reference(format, shape, tokens, /*bias=*/seed % 2 == 0, seed);
+      ++seed;
+    }
+  }
+}
+
+TEST(Linear, MatchesReferenceAtGptOssShape) {
+  for (WeightFormat format : kAllFormats) {
+    check_against_reference(format, {5760, 2880}, {1, 3, 17, 70}, /*bias=*/true, 100,
+                            {{0, 40}, {2860, 2900}, {5737, 5760}});
+  }
+}
+
+TEST(Linear, ResultDoesNotDependOnThreadCount) {
+  for (WeightFormat format : kAllFormats) {
+    RandomLayer layer(format, 1000, 640, true, 7);
+    const std::vector<float> x = random_input(11, 640, 8);
+    std::vector<float> y1(11 * 1000), y2(11 * 1000), y3(11 * 1000);
+    ThreadPool one(1), two(2), three(3);
+    linear_forward(layer.weight, x.data(), 11, y1.data(), one);
+    linear_forward(layer.weight, x.data(), 11, y2.data(), two);
+    linear_forward(layer.weight, x.data(), 11, y3.data(), three);
+    EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << name_of(format);
+    EXPECT_EQ(0, std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float))) << name_of(format);
+  }
+}
+
+TEST(Linear, ZeroTokensWritesNothing) {
+  RandomLayer layer(WeightFormat::BF16, 4, 16, false, 3);
+  ThreadPool pool(1);
+  float y = 42.0f;
+  linear_forward(layer.weight, nullptr, 0, &y, pool);
+  EXPECT_EQ(y, 42.0f);
+}
+
+TEST(Linear, AddsBias) {
+  const float w[6] = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};  // [3, 2]
+  const float bias[3] = {0.5f, -1.0f, 100.0f};
+  LinearWeight weight;
+  weight.format = WeightFormat::F32;
+  weight.out_features = 3;
+  weight.in_features = 2;
+  weight.data = w;
+  weight.bias = bias;
+  const float x[4] = {1.0f, 1.0f, 2.0f, -1.0f};  // two tokens
+  float y[6] = {};
+  ThreadPool pool(2);
+  linear_forward(weight, x, 2, y, pool);
+  const float expected[6] = {3.5f, 6.0f, 111.0f, 0.5f, 1.0f, 104.0f};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(y[i], expected[i]) << i;
+  linear_forward_reference(weight, x, 2, y);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(y[i], expected[i]) << i;
+}
+
+TEST(Linear, DecodeRowDenseFormats) {
+  const float values[5] = {1.0f, -2.5f, 0.15625f, 65504.0f, -0.0f};
+  uint16_t bf16[5], f16[5];
+  for (int i = 0; i < 5; ++i) {
+    bf16[i] = f32_to_bf16(values[i]);
+    f16[i] = f32_to_f16(values[i]);
+  }
+  LinearWeight weight;
+  weight.out_features = 1;
+  weight.in_features = 5;
+  float out[5];
+
+  weight.format = WeightFormat::F32;
+  weight.data = values;
+  linear_decode_row(weight, 0, out);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(out[i], values[i]);
+
+  weight.format = WeightFormat::BF16;
+  weight.data = bf16;
+  linear_decode_row(weight, 0, out);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(out[i], bf16_to_f32(bf16[i]));
+
+  weight.format = WeightFormat::F16;
+  weight.data = f16;
+  linear_decode_row(weight, 0, out);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(out[i], f16_to_f32(f16[i]));
+}
+
+// One row, two blocks: block 0 holds every code at an even and an odd position, block 1 the
+// reverse, with different scales.
+struct HandBuiltMxfp4 {
+  uint8_t codes[32];
+  uint8_t scales[2];
+  float expected[64];
+  LinearWeight weight;
+
+  HandBuiltMxfp4(uint8_t scale0, uint8_t scale1) {
+    scales[0] = scale0;
+    scales[1] = scale1;
+    for (int g = 0; g < 2; ++g) {
+      const float scale = std::ldexp(1.0f, int(scales[g]) - 127);
+      for (int j = 0; j < 16; ++j) {
+        const int low = g == 0 ? j : 15 - j;
+        const int high = g == 0 ? 15 - j : j;
+        codes[g * 16 + j] = uint8_t(high << 4 | low);
+        expected[g * 32 + 2 * j] = kFp4E2M1Values[low] * scale;
+        expected[g * 32 + 2 * j + 1] = kFp4E2M1Values[high] * scale;
+      }
+    }
+    weight.format = WeightFormat::MXFP4;
+    weight.out_features = 1;
+    weight.in_features = 64;
+    weight.data = codes;
+    weight.scales = scales;
+  }
+};
+
+TEST(LinearMxfp4, DecodesHandBuiltBlocks) {
+  HandBuiltMxfp4 layer(127, 129);  // scales 1 and 4
+  // Spot checks against the spec, independent of the table: byte 0 = 0xF0 -> element 0 is
+  // code 0 (+0), element 1 is code 15 (-6).
+  EXPECT_EQ(layer.codes[0], 0xF0);
+  EXPECT_EQ(layer.expected[0], 0.0f);
+  EXPECT_EQ(layer.expected[1], -6.0f);
+  EXPECT_EQ(layer.expected[2 * 7], 6.0f);       // code 7, scale 1
+  EXPECT_EQ(layer.expected[32 + 1], 0.0f);      // block 1: byte 0 high nibble = code 0
+  EXPECT_EQ(layer.expected[32], -6.0f * 4.0f);  // block 1: byte 0 low nibble = code 15, scale 4
+
+  float row[64];
+  linear_decode_row(layer.weight, 0, row);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(row[i], layer.expected[i]) << i;
+}
+
+TEST(LinearMxfp4, KernelsPickEachElementWithItsScale) {
+  // One-hot inputs make y[t] the weight element t itself, so any nibble-order or scale mix-up in
+  // a SIMD kernel shows as a wrong value in a known place. 64 tokens also cover the many-token
+  // path (tiles of 8) and the few-token path (the tail).
+  for (const auto& scales : {std::pair<uint8_t, uint8_t>{127, 129}, {1, 140}, {0, 130}, {100, 126}}) {
+    HandBuiltMxfp4 layer(scales.first, scales.second);
+    for (int64_t tokens : {64, 3, 1}) {
+      std::vector<float> x(size_t(tokens * 64), 0.0f);
+      for (int64_t t = 0; t < tokens; ++t) x[size_t(t * 64 + t)] = 1.0f;
+      std::vector<float> y(static_cast<size_t>(tokens));
+      ThreadPool pool(2);
+      linear_forward(layer.weight, x.data(), tokens, y.data(), pool);
+      for (int64_t t = 0; t < tokens; ++t) {
+        EXPECT_EQ(y[size_t(t)], layer.expected[t])
+            << "scales " << int(scales.first) << "," << int(scales.second) << " tokens " << tokens
+            << " element " << t;
+      }
+    }
+  }
+}
+
+TEST(LinearMxfp4, RejectsBadLayers) {
+  uint8_t codes[48] = {};
+  uint8_t scales[3] = {127, 127, 127};
+  float x[48] = {}, y[2] = {}, row[48];
+  ThreadPool pool(1);
+  LinearWeight weight;
+  weight.format = WeightFormat::MXFP4;
+  weight.out_features = 2;
+  weight.in_features = 48;  // not a multiple of 32
+  weight.data = codes;
+  weight.scales = scales;
+  EXPECT_THROW(linear_forward(weight, x, 1, y, pool), Error);
+  EXPECT_THROW(linear_forward_reference(weight, x, 1, y), Error);
+  EXPECT_THROW(linear_decode_row(weight, 0, row), Error);
+
+  weight.in_features = 32;
+  weight.data = nullptr;
+  EXPECT_THROW(linear_forward(weight, x, 1, y, pool), Error);
+  weight.data = codes;
+  weight.scales = nullptr;
+  EXPECT_THROW(linear_forward(weight, x, 1, y, pool), Error);
+  weight.scales = scales;
+  EXPECT_NO_THROW(linear_forward(weight, x, 1, y, pool));
+  EXPECT_THROW(linear_decode_row(weight, 2, row), Error);
+}
+
+TEST(Linear, RejectsNullData) {
+  LinearWeight weight;
+  weight.format = WeightFormat::BF16;
+  weight.out_features = 2;
+  weight.in_features = 4;
+  float x[4] = {}, y[2] = {};
+  ThreadPool pool(1);
+  EXPECT_THROW(linear_forward(weight, x, 1, y, pool), Error);
+  EXPECT_THROW(linear_forward_reference(weight, x, 1, y), Error);
+}
+
+TEST(Linear, WeightBytes) {
+  LinearWeight weight;
+  weight.out_features = 5760;
+  weight.in_features = 2880;
+  weight.format = WeightFormat::F32;
+  EXPECT_EQ(weight.weight_bytes(), size_t(5760) * 2880 * 4);
+  weight.format = WeightFormat::BF16;
+  EXPECT_EQ(weight.weight_bytes(), size_t(5760) * 2880 * 2);
+  weight.format = WeightFormat::F16;
+  EXPECT_EQ(weight.weight_bytes(), size_t(5760) * 2880 * 2);
+  weight.format = WeightFormat::MXFP4;
+  EXPECT_EQ(weight.weight_bytes(), size_t(5760) * 90 * 17);  // 16 code bytes + 1 scale per block
+}
+
+TEST(Linear, ReportsKernelIsa) {
+  const std::string isa = cpu_kernel_isa();
+  EXPECT_EQ(isa, cpu::cpu_use_avx2() ? "avx2+fma" : "scalar");
+}
+
+}  // namespace
+}  // namespace anvil
