@@ -6,6 +6,7 @@
 // * tokens per call. Threads are per benchmark; ANVIL_THREADS does not apply here.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -101,19 +102,19 @@ void bench_linear(benchmark::State& state, WeightFormat format, int64_t out, int
   ThreadPool& pool = pool_of(threads);
   const double copy_gbps = tokens == 1 ? copy_bandwidth_gbps() : 0.0;
 
+  const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     anvil::linear_forward(layer.weight, x.data(), tokens, y.data(), pool);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double bytes = double(layer.weight.weight_bytes());
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(bytes));
   state.counters["FLOPS"] = benchmark::Counter(2.0 * double(out) * double(in) * double(tokens),
                                                benchmark::Counter::kIsIterationInvariantRate);
-  if (tokens == 1 && copy_gbps > 0.0) {
-    // Weight GB/s as a percentage of copy GB/s: iteration-invariant rate of bytes, scaled.
-    state.counters["pct_copy_bw"] = benchmark::Counter(bytes * 100.0 / (copy_gbps * 1e9),
-                                                       benchmark::Counter::kIsIterationInvariantRate);
+  if (tokens == 1 && copy_gbps > 0.0 && seconds > 0.0) {
+    state.counters["pct_copy_bw"] = 100.0 * bytes * double(state.iterations()) / seconds / (copy_gbps * 1e9);
   }
   state.SetLabel(anvil::cpu_kernel_isa());
 }

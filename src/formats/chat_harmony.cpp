@@ -528,7 +528,8 @@ void HarmonyStreamParser::flush_header_as_content(Delta& delta) {
   open_plain_content();
   std::string text;
   for (const int32_t id : header) text += decoder_.push(id);
-  if (text.starts_with("assistant")) text.erase(0, 9);  // the role after a <|start|>
+  // The role after a <|start|> is header, not answer.
+  if (text == "assistant" || (text.starts_with("assistant") && is_ascii_space(text[9]))) text.erase(0, 10);
   emit_text(text, delta);
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // Pieces of the tokenizer.json implementation shared by its source files (tokenizer*.cpp).
-// Private to src/formats: nothing outside the tokenizer includes this.
+// Private to src/formats: nothing outside the tokenizer (and its unit test) includes this.
 #include <array>
 #include <cstddef>
 #include <cstdint>

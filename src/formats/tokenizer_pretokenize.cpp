@@ -10,57 +10,6 @@ namespace anvil::tokenizer_detail {
 
 namespace {
 
-// tokenizers (Oniguruma) and tiktoken (Rust regex) take \s to be Unicode White_Space; PCRE2's \s
-// is the Z category plus \t\n\v\f\r, which leaves out U+0085 (NEXT LINE). Spell it in so the splits
-// agree. A \S inside a character class is left alone: no known tokenizer uses one.
-std::string widen_whitespace_escapes(std::string_view pattern) {
-  std::string out;
-  out.reserve(pattern.size() + 32);
-  bool in_class = false;
-  size_t class_body = 0;  // where a class's members start: a ']' there is a member, not the end
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    const char c = pattern[i];
-    if (c == '\\' && i + 1 < pattern.size()) {
-      const char escaped = pattern[i + 1];
-      if (escaped == 'Q') {
-        size_t end = pattern.find("\\E", i + 2);
-        end = end == std::string_view::npos ? pattern.size() : end + 2;
-        out.append(pattern.substr(i, end - i));
-        i = end - 1;
-        continue;
-      }
-      if (escaped == 's') {
-        out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
-      } else if (escaped == 'S' && !in_class) {
-        out += "[^\\s\\x{85}]";
-      } else {
-        out += c;
-        out += escaped;
-      }
-      ++i;
-      continue;
-    }
-    if (!in_class && c == '[') {
-      in_class = true;
-      out += c;
-      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
-      class_body = i + 1;
-      continue;
-    }
-    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
-      const size_t end = pattern.find(":]", i + 2);
-      if (end != std::string_view::npos) {
-        out.append(pattern.substr(i, end + 2 - i));
-        i = end + 1;
-        continue;
-      }
-    }
-    if (in_class && c == ']' && i != class_body) in_class = false;
-    out += c;
-  }
-  return out;
-}
-
 // GPT-2's split, used by a ByteLevel pre-tokenizer with use_regex.
 constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -121,8 +70,9 @@ void fold_segments(const std::vector<PreTokenizeScratch::Segment>& segments, Beh
       std::reverse(out.begin(), out.end());
       return;
     case Behavior::kContiguous:
+      // Runs of segments of one kind join: adjacent matches, or (inverted) adjacent non-matches.
       for (const auto& s : segments) {
-        if (s.is_match && previous_match && !out.empty()) {
+        if (s.is_match == previous_match && !out.empty()) {
           out.back().second = s.end;
         } else {
           out.emplace_back(s.begin, s.end);
@@ -149,24 +99,11 @@ RegexScratch::~RegexScratch() {
 }
 
 Regex::Regex(std::string_view pattern, bool literal, const JsonWhere& where) {
-  const std::string effective = literal ? std::string(pattern) : std::string(pattern); (void)widen_whitespace_escapes;
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
   const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(effective.data()), effective.size(), options,
-                        &error_code, &error_offset, nullptr);
-  if (!code_ && effective != pattern) {
-    // Report the error against the pattern as written in the file, not the widened one.
-    int original_code = 0;
-    PCRE2_SIZE original_offset = 0;
-    pcre2_code* original = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                         options, &original_code, &original_offset, nullptr);
-    if (original) {
-      pcre2_code_free(original);
-    } else {
-      error_code = original_code, error_offset = original_offset;
-    }
-  }
+  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error_code,
+                        &error_offset, nullptr);
   if (!code_) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof message);

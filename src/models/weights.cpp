@@ -85,7 +85,6 @@ class DummyWeights : public WeightSource {
     const bool is_norm = name.find("norm") != std::string::npos;
     const bool is_bias = ends_with(name, "bias") || ends_with(name, "sinks");
     const bool is_scales = ends_with(name, "_scales");
-    const bool is_blocks = ends_with(name, "_blocks");
     // MXFP4 values average about 2.6 in magnitude; pick the power of two that brings the row to
     // roughly the same spread as a dense layer of the same fan-in.
     const int64_t mxfp4_fan_in = is_scales ? fan_in * 32 : 1;
@@ -96,6 +95,15 @@ class DummyWeights : public WeightSource {
       for (int64_t chunk = begin; chunk < end; ++chunk) {
         uint64_t state = name_hash * 0x100000001b3ull + uint64_t(chunk);
         const int64_t first = chunk * kChunk, last = std::min(n, first + kChunk);
+        if (view.dtype == DType::U8 && !is_scales) {
+          // Packed FP4 codes are uniformly random bytes; eight per draw keeps 20B-parameter
+          // dummy models quick to build.
+          for (int64_t i = first; i < last; i += 8) {
+            const uint64_t random = splitmix64(state);
+            std::memcpy(bytes + i, &random, size_t(std::min<int64_t>(8, last - i)));
+          }
+          continue;
+        }
         for (int64_t i = first; i < last; ++i) {
           const uint64_t random = splitmix64(state);
           const float unit = float(random >> 40) / float(1 << 24) * 2.0f - 1.0f;  // U(-1, 1)
@@ -104,11 +112,7 @@ class DummyWeights : public WeightSource {
             case DType::F32: reinterpret_cast<float*>(bytes)[i] = value; break;
             case DType::BF16: reinterpret_cast<uint16_t*>(bytes)[i] = f32_to_bf16(value); break;
             case DType::F16: reinterpret_cast<uint16_t*>(bytes)[i] = f32_to_f16(value); break;
-            case DType::U8:
-              if (is_scales) bytes[i] = uint8_t(127 + scale_exponent);
-              else if (is_blocks) bytes[i] = uint8_t(random);
-              else bytes[i] = uint8_t(random);
-              break;
+            case DType::U8: bytes[i] = uint8_t(127 + scale_exponent); break;
             default: fail("dummy weights cannot generate dtype {} for '{}'", dtype_name(view.dtype), name);
           }
         }

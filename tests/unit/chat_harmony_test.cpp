@@ -345,6 +345,7 @@ TEST(HarmonyParse, MalformedOutputDegradesToContent) {
   // No header at all: the text is the answer.
   EXPECT_EQ(stream(ids_of("Just text.<|return|>")).content, "Just text.");
   EXPECT_EQ(stream(ids_of("Cut off without a terminator")).content, "Cut off without a terminator");
+  EXPECT_EQ(stream(ids_of("<|channel|>final<|message|>A<|end|><|start|>assistant Hello<|end|>")).content, "A\nHello");
   // A header with extra words parses leniently; its words never show.
   ParsedOutput out = stream(ids_of("<|channel|>final extra words here<|message|>Hi<|end|>"));
   EXPECT_EQ(out.content, "Hi");

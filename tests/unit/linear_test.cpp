@@ -225,16 +225,19 @@ TEST(Linear, MatchesReferenceAtGptOssShape) {
 }
 
 TEST(Linear, ResultDoesNotDependOnThreadCount) {
+  ThreadPool one(1), two(2), three(3);
   for (WeightFormat format : kAllFormats) {
     RandomLayer layer(format, 1000, 640, true, 7);
-    const std::vector<float> x = random_input(11, 640, 8);
-    std::vector<float> y1(11 * 1000), y2(11 * 1000), y3(11 * 1000);
-    ThreadPool one(1), two(2), three(3);
-    linear_forward(layer.weight, x.data(), 11, y1.data(), one);
-    linear_forward(layer.weight, x.data(), 11, y2.data(), two);
-    linear_forward(layer.weight, x.data(), 11, y3.data(), three);
-    EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float))) << name_of(format);
-    EXPECT_EQ(0, std::memcmp(y1.data(), y3.data(), y1.size() * sizeof(float))) << name_of(format);
+    for (int64_t tokens : {1, 2, 11, 50}) {
+      const std::vector<float> x = random_input(tokens, 640, 8);
+      const size_t count = size_t(tokens * 1000);
+      std::vector<float> y1(count), y2(count), y3(count);
+      linear_forward(layer.weight, x.data(), tokens, y1.data(), one);
+      linear_forward(layer.weight, x.data(), tokens, y2.data(), two);
+      linear_forward(layer.weight, x.data(), tokens, y3.data(), three);
+      EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), count * sizeof(float))) << name_of(format) << " " << tokens;
+      EXPECT_EQ(0, std::memcmp(y1.data(), y3.data(), count * sizeof(float))) << name_of(format) << " " << tokens;
+    }
   }
 }
 

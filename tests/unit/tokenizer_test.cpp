@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "formats/tokenizer_internal.h"
 #include "support/test_support.h"
 
 namespace anvil {
@@ -128,13 +129,17 @@ TEST(TokenizerHarmony, DecodeReplacesInvalidUtf8PerMaximalSubsequence) {
 }
 
 TEST(TokenizerHarmony, NextLineIsWhitespaceAsInTiktoken) {
-  // tiktoken's regex engine counts U+0085 as \s (Unicode White_Space) and PCRE2 alone would not:
-  // as whitespace it cannot join the "!" after it into one pre-token.
+  // tiktoken's \s is Unicode White_Space, which has U+0085 (NEXT LINE): in " \u0085abc" the space
+  // stands alone (\s+(?!\S)) and U+0085 leads the word, rather than " \u0085" being punctuation.
   const std::string nel = "\xC2\x85";
-  Ids expected = harmony().encode(nel, false);
-  const Ids bang = harmony().encode("!", false);
-  expected.insert(expected.end(), bang.begin(), bang.end());
-  EXPECT_EQ(harmony().encode(nel + "!", false), expected);
+  Ids expected = harmony().encode(" ", false);
+  const Ids word = harmony().encode(nel + "abc", false);
+  expected.insert(expected.end(), word.begin(), word.end());
+  EXPECT_EQ(harmony().encode(" " + nel + "abc", false), expected);
+  Ids as_punctuation = harmony().encode(" " + nel, false);
+  const Ids abc = harmony().encode("abc", false);
+  as_punctuation.insert(as_punctuation.end(), abc.begin(), abc.end());
+  EXPECT_NE(as_punctuation, expected) << "the case no longer tells the two readings apart";
 }
 
 TEST(TokenizerHarmony, EncodeIsThreadSafe) {
@@ -372,6 +377,29 @@ TEST(TokenizerSmall, PairMergesAndPlainByteLevelPreTokenizer) {
   json.replace(begin, end - begin, gpt2);
   t = Tokenizer::from_json_text(json, "gpt2-like");
   EXPECT_EQ(t->encode("12 ab", false), (Ids{5, 15, 5, 13}));  // prefix space; digits stay together
+}
+
+TEST(TokenizerPreTokenizer, SplitBehaviorsMatchTokenizers) {
+  // tokenizers' own example: `\w+|[^\w\s]+` inverted, so the spaces are the "matches".
+  const std::string source = "test";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"Removed", {"How", "are", "you", "doing", "?"}},
+      {"Isolated", {"How", " ", "are", " ", "you", " ", "doing", "?"}},
+      {"MergedWithPrevious", {"How ", "are ", "you ", "doing", "?"}},
+      {"MergedWithNext", {"How", " are", " you", " doing", "?"}},
+      {"Contiguous", {"How", " ", "are", " ", "you", " ", "doing?"}},
+  };
+  for (const auto& [behavior, expected] : cases) {
+    const auto spec = nlohmann::json{{"type", "Split"},
+                                     {"pattern", {{"Regex", "\\w+|[^\\w\\s]+"}}},
+                                     {"behavior", behavior},
+                                     {"invert", true}};
+    const auto pre_tokenizer = tokenizer_detail::PreTokenizer::from_json(spec, {source, "pre_tokenizer"});
+    tokenizer_detail::PreTokenizeScratch scratch;
+    pre_tokenizer.split("How are you doing?", scratch);
+    const std::vector<std::string> pieces(scratch.pieces.begin(), scratch.pieces.end());
+    EXPECT_EQ(pieces, expected) << behavior;
+  }
 }
 
 }  // namespace
