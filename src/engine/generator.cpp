@@ -30,7 +30,7 @@ class SequenceRunner {
         cache_(model.kv_layout(), kv_blocks_needed(model.kv_layout(), kBlockSize, max_length, chunk), kBlockSize) {}
 
   // Runs `ids` at the current position; writes logits for every token or only the last.
-  void step(std::span<const int32_t> ids, bool all_logits, float* logits) {
+  void step(std::span<const int32_t> ids, bool all_logits, float* logits, bool need_logits = true) {
     cache_.trim_windows(kv_, position_);
     if (!cache_.grow(kv_, position_ + int64_t(ids.size()))) fail("KV cache is full at position {}", position_);
     StepBatch batch;
@@ -40,6 +40,7 @@ class SequenceRunner {
     seq.num_tokens = int64_t(ids.size());
     seq.block_tables = cache_.tables(kv_);
     seq.all_logits = all_logits;
+    seq.need_logits = need_logits;
     batch.sequences.push_back(seq);
     model_.forward(batch, cache_.storage(), logits);
     position_ += int64_t(ids.size());
@@ -52,11 +53,7 @@ class SequenceRunner {
       const size_t end = std::min(ids.size(), begin + size_t(chunk_));
       const bool last_chunk = end == ids.size();
       float* out = all_logits ? logits + int64_t(begin) * vocab : logits;
-      if (!all_logits && !last_chunk) {
-        scratch_.resize(size_t(vocab));
-        out = scratch_.data();
-      }
-      step(std::span<const int32_t>(ids.data() + begin, end - begin), all_logits, out);
+      step(std::span<const int32_t>(ids.data() + begin, end - begin), all_logits, out, all_logits || last_chunk);
     }
   }
 
@@ -66,7 +63,6 @@ class SequenceRunner {
   KvCache cache_;
   SequenceKv kv_;
   int64_t position_ = 0;
-  std::vector<float> scratch_;
 };
 
 }  // namespace

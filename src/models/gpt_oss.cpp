@@ -102,7 +102,7 @@ class GptOss : public Model {
     std::vector<float> last = step.gather_logit_rows(x, hidden);
     const int64_t logit_rows = int64_t(step.logit_rows.size());
     cpu::rms_norm(last.data(), logit_rows, hidden, final_norm_.data(), float(c.rms_norm_eps), last.data());
-    linear_forward(lm_head_, last.data(), logit_rows, logits, pool);
+    if (logit_rows > 0) linear_forward(lm_head_, last.data(), logit_rows, logits, pool);
   }
 
  private:

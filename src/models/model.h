@@ -31,13 +31,15 @@ struct SequenceStep {
   int64_t start_pos = 0;   // tokens of this sequence already in the KV cache
   int64_t num_tokens = 0;  // new tokens this step, consecutive in StepBatch::tokens
   std::vector<std::span<const int32_t>> block_tables;  // one per KV group
-  bool all_logits = false;  // logits for every new token, else only for the last
+  bool all_logits = false;   // logits for every new token, else only for the last
+  bool need_logits = true;   // false for a prefill chunk that does not reach the end
 };
 
 struct StepBatch {
   std::vector<int32_t> tokens;
   std::vector<SequenceStep> sequences;
-  // Rows of logits forward() writes: per sequence, num_tokens if all_logits else 1.
+  // Rows of logits forward() writes: per sequence, num_tokens if all_logits, else 1 if
+  // need_logits, else 0.
   int64_t logit_rows() const;
 };
 

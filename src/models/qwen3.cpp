@@ -100,7 +100,7 @@ class Qwen3 : public Model {
     std::vector<float> last = step.gather_logit_rows(x, hidden);
     const int64_t logit_rows = int64_t(step.logit_rows.size());
     cpu::rms_norm(last.data(), logit_rows, hidden, final_norm_.data(), eps, last.data());
-    linear_forward(lm_head_, last.data(), logit_rows, logits, pool);
+    if (logit_rows > 0) linear_forward(lm_head_, last.data(), logit_rows, logits, pool);
   }
 
  private:

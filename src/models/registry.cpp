@@ -18,7 +18,7 @@ const std::map<std::string, ModelFactory>& registry() {
 
 int64_t StepBatch::logit_rows() const {
   int64_t rows = 0;
-  for (const auto& seq : sequences) rows += seq.all_logits ? seq.num_tokens : 1;
+  for (const auto& seq : sequences) rows += seq.all_logits ? seq.num_tokens : seq.need_logits ? 1 : 0;
   return rows;
 }
 

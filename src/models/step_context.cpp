@@ -16,7 +16,7 @@ StepContext::StepContext(const StepBatch& batch, const KvLayout& layout, const M
     if (seq.num_tokens <= 0) fail("a sequence in a step has no tokens");
     for (int64_t t = 0; t < seq.num_tokens; ++t) {
       positions.push_back(seq.start_pos + t);
-      if (seq.all_logits || t == seq.num_tokens - 1) logit_rows.push_back(row + t);
+      if (seq.all_logits || (seq.need_logits && t == seq.num_tokens - 1)) logit_rows.push_back(row + t);
     }
     if (config.max_position_embeddings > 0 && seq.start_pos + seq.num_tokens > config.max_position_embeddings)
       fail("sequence length {} exceeds max_position_embeddings {}", seq.start_pos + seq.num_tokens,
