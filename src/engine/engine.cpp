@@ -38,6 +38,7 @@ struct Sequence {
 // per running sequence plus one step's chunk; full-attention groups get everything else, and at
 // least half the budget (sliding groups past that preempt like any other shortage).
 std::vector<int64_t> split_kv_budget(const KvLayout& layout, const EngineConfig& config) {
+  if (!config.kv_blocks_per_group.empty()) return config.kv_blocks_per_group;
   std::vector<int64_t> blocks(size_t(layout.num_groups()), 0);
   size_t remaining = config.kv_cache_bytes;
   const bool has_full_group = layout.group_layers[0] > 0;

@@ -22,6 +22,7 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
   int64_t max_model_len = 0;             // 0 = the model's max_position_embeddings
   size_t kv_cache_bytes = size_t(2) << 30;
+  std::vector<int64_t> kv_blocks_per_group;  // when set, exact pool sizes instead of kv_cache_bytes
   int64_t block_size = 16;
   bool enable_prefix_caching = true;
   int64_t max_waiting = 1024;  // queue bound; submit() fails beyond it
