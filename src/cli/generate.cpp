@@ -65,6 +65,12 @@ void run_generate(const GenerateOptions& options) {
         {"decode_seconds", result.decode_seconds},
         {"prefill_tokens_per_s", result.prefill_seconds > 0 ? prompt_tokens / result.prefill_seconds : 0.0},
         {"decode_tokens_per_s", result.decode_seconds > 0 ? double(result.decode_steps) / result.decode_seconds : 0.0},
+        // Weights one decode step reads (experts at top-k), to compare against memory bandwidth.
+        {"weight_bytes_per_token", model->weight_bytes_per_token()},
+        {"decode_weight_gb_per_s", result.decode_seconds > 0 ? double(result.decode_steps) *
+                                                                   double(model->weight_bytes_per_token()) /
+                                                                   result.decode_seconds / 1e9
+                                                             : 0.0},
     };
     std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else if (stream) {

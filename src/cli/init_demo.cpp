@@ -1,6 +1,7 @@
 // anvil init-demo: writes a small random-weight gpt-oss checkpoint in the Hugging Face layout,
 // with the tokenizer it is given. It stands in for a trained demo model: its text is gibberish,
 // but it exercises the real loading, tokenizer and generation paths end to end.
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -75,6 +76,11 @@ void run_init_demo(const InitDemoOptions& options) {
   auto model = create_model(parse_model_config(config.dump(), "demo config"), std::move(recording));
   std::vector<NamedTensor> tensors;
   for (const auto& [name, view] : recorded.tensors()) tensors.push_back({name, view});
+  // Wider elements first, so every tensor's data stays aligned to its element size (safetensors
+  // allows no padding between tensors).
+  std::stable_sort(tensors.begin(), tensors.end(), [](const NamedTensor& a, const NamedTensor& b) {
+    return dtype_size(a.view.dtype) > dtype_size(b.view.dtype);
+  });
   write_safetensors(out / "model.safetensors", tensors, {{"format", "pt"}});
   std::printf("wrote %s (%zu tensors, random weights)\n", out.c_str(), tensors.size());
 }

@@ -183,6 +183,14 @@ TEST(CliBadInput, PromptIdOutsideVocabulary) {
                        {"--prompt-ids", "'x'"});
 }
 
+TEST(CliBadInput, InvalidUtf8PromptToGenerate) {
+  test::TempDir dir;
+  const fs::path model = copy_fixture(dir, "gpt-oss-tiny");
+  fs::copy_file(test::harmony_tokenizer_json(), model / "tokenizer.json");
+  expect_clean_failure(run_anvil("generate --model " + quoted(model) + " --prompt \"$(printf 'ab\\377cd')\""),
+                       {"UTF-8", "byte offset 2"});
+}
+
 TEST(CliBadInput, InvalidUtf8Prompt) {
   expect_clean_failure(
       run_anvil("tokenize --tokenizer " + quoted(test::harmony_tokenizer_json()) + " --text \"$(printf 'ab\\377cd')\""),

@@ -1,0 +1,117 @@
+// anvil serve: the OpenAI-compatible HTTP server. Flags follow `vllm serve` so scripts carry over.
+#include <pthread.h>
+
+#include <atomic>
+#include <csignal>
+#include <ctime>
+#include <thread>
+
+#include "cli/common.h"
+#include "cli/verbs.h"
+#include "core/error.h"
+#include "server/http_server.h"
+#include "server/log.h"
+
+namespace anvil::cli {
+
+namespace {
+
+struct ServeOptions {
+  ModelLoadFlags model;
+  std::vector<std::string> served_model_names;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  int64_t max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_model_len = 0;
+  double kv_cache_gib = 2.0;
+  bool enable_prefix_caching = true;
+  bool no_prefix_caching = false;
+  size_t max_body_bytes = size_t(8) << 20;
+};
+
+void run_serve(const ServeOptions& options) {
+  if (options.model.load_format != "auto" && options.model.load_format != "dummy")
+    fail("--load-format: '{}' is not one of auto, dummy", options.model.load_format);
+  if (!std::filesystem::is_directory(options.model.model_dir)) fail("{}: not a model directory", options.model.model_dir);
+  if (!(options.kv_cache_gib > 0.0) || options.kv_cache_gib > 1e6)
+    fail("--kv-cache-memory must be a positive number of GiB, got {}", options.kv_cache_gib);
+  if (options.port < 0 || options.port > 65535) fail("--port must be in [0, 65535], got {}", options.port);
+  if (options.max_body_bytes == 0) fail("--max-body-bytes must be positive");
+
+  server::ServerConfig config;
+  config.host = options.host;
+  config.port = options.port;
+  config.model_dir = options.model.model_dir;
+  config.served_model_names = options.served_model_names;
+  config.api_key = options.api_key;
+  config.max_body_bytes = options.max_body_bytes;
+  config.version = ANVIL_VERSION;
+  config.engine.max_num_seqs = options.max_num_seqs;
+  config.engine.max_num_batched_tokens = options.max_num_batched_tokens;
+  config.engine.max_model_len = options.max_model_len;
+  config.engine.kv_cache_bytes = size_t(options.kv_cache_gib * double(size_t(1) << 30));
+  config.engine.enable_prefix_caching = options.enable_prefix_caching && !options.no_prefix_caching;
+
+  // Signals go to one thread that stops the server cleanly; every other thread (HTTP workers,
+  // the engine, the loader) inherits the blocked mask. A client that vanishes must not kill us.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  server::OpenAiServer http(config);
+  http.bind();
+  std::atomic<bool> finished{false};
+  std::thread watcher([&] {
+    const timespec tick{0, 200'000'000};
+    while (!finished) {
+      const int signal = sigtimedwait(&signals, nullptr, &tick);
+      if (signal > 0) {
+        server::log_info("received signal {}, shutting down", signal);
+        http.stop();
+        return;
+      }
+    }
+  });
+  const ModelLoadFlags model_flags = options.model;
+  http.load_in_background([model_flags] { return model_flags.load(); });
+  try {
+    http.run();
+  } catch (...) {
+    finished = true;
+    watcher.join();
+    throw;
+  }
+  finished = true;
+  watcher.join();
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto options = std::make_shared<ServeOptions>();
+  CLI::App* verb = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  verb->add_option("model_dir", options->model.model_dir, "Hugging Face checkpoint directory")->required();
+  verb->add_option("--served-model-name", options->served_model_names,
+                   "Names clients may use for the model (default: MODEL_DIR); the first names responses");
+  verb->add_option("--host", options->host, "Address to listen on");
+  verb->add_option("--port", options->port, "Port to listen on (0: any free port)");
+  verb->add_option("--api-key", options->api_key, "Require Authorization: Bearer KEY on /v1 routes")->envname("ANVIL_API_KEY");
+  verb->add_option("--max-num-seqs", options->max_num_seqs, "Sequences running at once");
+  verb->add_option("--max-num-batched-tokens", options->max_num_batched_tokens, "Tokens per engine step");
+  verb->add_option("--max-model-len", options->max_model_len, "Context length (default: the model's)");
+  verb->add_option("--kv-cache-memory", options->kv_cache_gib, "KV cache size in GiB");
+  verb->add_flag("--enable-prefix-caching", options->enable_prefix_caching, "Reuse KV blocks of shared prompt prefixes (default)");
+  verb->add_flag("--no-enable-prefix-caching", options->no_prefix_caching, "Turn prefix caching off");
+  verb->add_option("--load-format", options->model.load_format, "auto (read weights) or dummy (random weights)");
+  verb->add_option("--rope-freq-dtype", options->model.rope_freq_dtype, "fp32 or bf16 (see generate)");
+  verb->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body accepted (413 beyond)");
+  add_threads_option(*verb, options->model.threads);
+  verb->callback([options] { run_serve(*options); });
+}
+
+}  // namespace anvil::cli

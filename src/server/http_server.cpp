@@ -1,0 +1,242 @@
+#include "server/http_server.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "server/auth.h"
+#include "server/endpoints.h"
+#include "server/log.h"
+
+namespace anvil::server {
+
+namespace {
+
+// httplib's compiled listen backlog is 5; a burst of clients (a benchmark opening 64 streams)
+// would see dropped SYNs and one-second retransmit stalls. Listening again widens it.
+class HttpListener : public httplib::Server {
+ public:
+  void widen_backlog() {
+    const auto fd = svr_sock_.load();
+    if (fd != INVALID_SOCKET) ::listen(fd, SOMAXCONN);
+  }
+};
+
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = {}) {
+  res.status = status;
+  if (status == 503) res.set_header("Retry-After", "1");
+  res.set_content(dump_json(error_body(status, message, param)), "application/json");
+}
+
+}  // namespace
+
+struct OpenAiServer::Impl {
+  ServerConfig config;
+  HttpListener http;
+  ServerMetrics metrics;
+  std::mutex mutex;
+  std::shared_ptr<ServedModel> model;
+  std::string load_error;
+  std::atomic<bool> failed{false}, stopping{false}, entering_listen{false}, listen_returned{false};
+  std::thread loader;
+
+  explicit Impl(ServerConfig c) : config(std::move(c)) {}
+
+  std::shared_ptr<ServedModel> loaded() {
+    const std::lock_guard lock(mutex);
+    return model;
+  }
+
+  std::shared_ptr<ServedModel> ready_model() {
+    auto current = loaded();
+    if (!current) throw ApiError(503, "the model is still loading");
+    return current;
+  }
+
+  template <typename Fn>
+  httplib::Server::Handler wrap(Fn fn) {
+    return [fn](const httplib::Request& req, httplib::Response& res) {
+      try {
+        fn(req, res);
+      } catch (const ApiError& error) {
+        send_error(res, error.status(), error.what(), error.param());
+      } catch (const Json::exception& error) {
+        send_error(res, 400, std::string("invalid request: ") + error.what());
+      } catch (const Error& error) {
+        send_error(res, 400, error.what());
+      } catch (const std::exception& error) {
+        log_error("{} {}: {}", req.method, req.path, error.what());
+        send_error(res, 500, std::string("internal error: ") + error.what());
+      }
+    };
+  }
+
+  template <typename Handler>
+  void generation_route(const std::string& path, Handler handler) {
+    http.Post(path, wrap([this, handler](const httplib::Request& req, httplib::Response& res) {
+      EndpointContext context{config, metrics, ready_model(), stopping};
+      handler(context, req, res);
+    }));
+  }
+
+  void routes();
+  void request_stop();
+};
+
+void OpenAiServer::Impl::routes() {
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // vLLM's default CORS policy (any origin), so browser front ends can call us directly.
+    res.set_header("Access-Control-Allow-Origin", "*");
+    if (req.method == "OPTIONS") {
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "*");
+      res.status = 204;
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (!config.api_key.empty() && route_needs_key(req.path) &&
+        !authorized(req.get_header_value("Authorization"), config.api_key)) {
+      send_error(res, 401, "invalid or missing API key (send Authorization: Bearer <key>)");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
+    if (res.status == 413) {
+      send_error(res, 413, fmt::format("the request body is larger than {} bytes", config.max_body_bytes));
+    } else if (res.status == 404) {
+      send_error(res, 404, fmt::format("no route for {} {}", req.method, req.path));
+    } else {
+      send_error(res, res.status, fmt::format("HTTP error {}", res.status));
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    send_error(res, 500, "internal error");
+  });
+  http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    log_info("{}:{} \"{} {}\" {}", req.remote_addr, req.remote_port, req.method, req.path, res.status);
+  });
+
+  auto health = wrap([this](const httplib::Request&, httplib::Response& res) {
+    if (!loaded()) throw ApiError(503, failed ? "the model failed to load" : "the model is still loading");
+    res.status = 200;
+  });
+  http.Get("/health", health);
+  http.Get("/ping", health);
+  http.Post("/ping", health);
+  http.Get("/version", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump_json({{"version", config.version}}), "application/json");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    const auto current = loaded();
+    const EngineStats stats = current ? current->engine->stats() : EngineStats{};
+    res.set_content(metrics.render(current ? &stats : nullptr, config.served_model_names.front()),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http.Get("/load", wrap([this](const httplib::Request&, httplib::Response& res) {
+    const EngineStats stats = ready_model()->engine->stats();
+    res.set_content(dump_json({{"server_load", stats.running + stats.waiting}}), "application/json");
+  }));
+  http.Get("/v1/models", wrap([this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump_json(models_json(config, *ready_model(), nullptr)), "application/json");
+  }));
+  http.Get(R"(/v1/models/(.+))", wrap([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    res.set_content(dump_json(models_json(config, *ready_model(), &id)), "application/json");
+  }));
+
+  generation_route("/v1/chat/completions", handle_chat_completions);
+  generation_route("/v1/completions", handle_completions);
+  generation_route("/tokenize", handle_tokenize);
+  generation_route("/detokenize", handle_detokenize);
+  for (const char* path : {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"}) {
+    http.Get(path, [path](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Allow", "POST");
+      send_error(res, 405, fmt::format("{} takes POST", path));
+    });
+  }
+}
+
+OpenAiServer::OpenAiServer(ServerConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {
+  Impl& impl = *impl_;
+  if (impl.config.served_model_names.empty()) impl.config.served_model_names.push_back(impl.config.model_dir.string());
+  // Each open stream holds a worker for its whole life, so the pool must outnumber the sequences
+  // the engine runs at once (plus those waiting), or new clients would queue behind the streams.
+  const size_t threads = size_t(std::clamp<int64_t>(impl.config.engine.max_num_seqs * 2 + 16, 64, 512));
+  impl.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl.http.set_payload_max_length(impl.config.max_body_bytes);
+  impl.http.set_read_timeout(30);
+  impl.http.set_write_timeout(30);
+  impl.http.set_keep_alive_max_count(1000);
+  impl.http.set_tcp_nodelay(true);
+  impl.routes();
+}
+
+OpenAiServer::~OpenAiServer() {
+  stop();
+  if (impl_->loader.joinable()) impl_->loader.join();
+}
+
+void OpenAiServer::bind() {
+  if (!impl_->http.bind_to_port(impl_->config.host, impl_->config.port))
+    fail("cannot listen on {}:{} (address in use or not available)", impl_->config.host, impl_->config.port);
+  impl_->http.widen_backlog();
+}
+
+void OpenAiServer::load_in_background(std::function<std::unique_ptr<Model>()> load_model) {
+  Impl& impl = *impl_;
+  impl.loader = std::thread([&impl, load_model = std::move(load_model)] {
+    try {
+      const auto started = Clock::now();
+      auto served = make_served_model(load_model(), impl.config);
+      log_info("model {} ready in {:.1f} s: max_model_len {}, chat format {}", impl.config.model_dir.string(),
+               std::chrono::duration<double>(Clock::now() - started).count(), served->max_model_len,
+               served->chat->kind() == ChatFormatKind::Harmony  ? "harmony"
+               : served->chat->kind() == ChatFormatKind::ChatMl ? "chatml"
+                                                                : "none");
+      const std::lock_guard lock(impl.mutex);
+      impl.model = std::move(served);
+    } catch (const std::exception& error) {
+      {
+        const std::lock_guard lock(impl.mutex);
+        impl.load_error = error.what();
+      }
+      impl.failed = true;
+      log_error("loading {} failed: {}", impl.config.model_dir.string(), error.what());
+      impl.request_stop();
+    }
+  });
+}
+
+void OpenAiServer::Impl::request_stop() {
+  stopping = true;
+  if (!entering_listen) return;
+  // httplib's stop() only takes effect once listening has begun.
+  while (!http.is_running() && !listen_returned) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  http.stop();
+}
+
+void OpenAiServer::run() {
+  Impl& impl = *impl_;
+  impl.entering_listen = true;
+  if (!impl.stopping) {
+    log_info("serving {} as {} on http://{}:{}", impl.config.model_dir.string(), impl.config.served_model_names.front(),
+             impl.config.host, impl.config.port);
+    impl.http.listen_after_bind();
+  }
+  impl.listen_returned = true;
+  if (impl.loader.joinable()) impl.loader.join();
+  if (impl.failed) {
+    const std::lock_guard lock(impl.mutex);
+    fail("{}", impl.load_error);
+  }
+}
+
+void OpenAiServer::stop() { impl_->request_stop(); }
+
+}  // namespace anvil::server
