@@ -7,6 +7,7 @@ void register_verbs(CLI::App& app) {
   register_logits(app);
   register_tokenize(app);
   register_init_demo(app);
+  register_bench_cpu(app);
   register_serve(app);
 }
 

@@ -10,6 +10,7 @@ void register_generate(CLI::App& app);
 void register_logits(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_init_demo(CLI::App& app);
+void register_bench_cpu(CLI::App& app);
 void register_serve(CLI::App& app);
 
 }  // namespace anvil::cli

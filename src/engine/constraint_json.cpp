@@ -8,8 +8,6 @@ namespace {
 
 constexpr int64_t kLimit = 999'999'999'999'999'999;  // largest magnitude with kMaxIntDigits digits
 
-int64_t clamp_limit(int64_t v) { return std::clamp(v, -kLimit, kLimit); }
-
 uint64_t pow10(int n) {
   uint64_t p = 1;
   for (int i = 0; i < n; ++i) p *= 10;
@@ -222,8 +220,10 @@ uint32_t JsonGrammar::integer(std::optional<Bound> lo, std::optional<Bound> hi) 
     const uint32_t digits = b_.rule_of({{b_.byte('0')}, {b_.range('1', '9'), GrammarBuilder::ref(digit_run(0, kMaxIntDigits - 1))}});
     return b_.rule_of({{GrammarBuilder::ref(minus), GrammarBuilder::ref(digits)}});
   }
-  const int64_t from = lo ? clamp_limit(lo->value) + (lo->exclusive ? 1 : 0) : -kLimit;
-  const int64_t to = hi ? clamp_limit(hi->value) - (hi->exclusive ? 1 : 0) : kLimit;
+  // Bounds arrive within +-1e18, so the adjustments cannot overflow. Past kLimit the range is
+  // cut to what the digit cap can spell: narrower, never wider.
+  const int64_t from = std::max(lo ? lo->value + (lo->exclusive ? 1 : 0) : -kLimit, -kLimit);
+  const int64_t to = std::min(hi ? hi->value - (hi->exclusive ? 1 : 0) : kLimit, kLimit);
   const uint32_t rule = b_.new_rule();
   if (from <= to && from < 0) {
     const int64_t mag_lo = to < 0 ? -to : 1;
@@ -258,9 +258,11 @@ uint32_t JsonGrammar::magnitude(Bound lo, std::optional<Bound> hi) {
 }
 
 uint32_t JsonGrammar::bounded_number(std::optional<Bound> lo, std::optional<Bound> hi) {
-  if (lo) lo->value = clamp_limit(lo->value);
-  if (hi) hi->value = clamp_limit(hi->value);
   const uint32_t rule = b_.new_rule();
+  // Past kLimit only narrowing is safe: a bound beyond what the digit cap can spell leaves nothing.
+  if ((lo && lo->value > kLimit) || (hi && hi->value < -kLimit)) return rule;
+  if (lo && lo->value < -kLimit) *lo = {-kLimit, false};
+  if (hi && hi->value > kLimit) *hi = {kLimit, false};
   // Values >= 0: magnitudes from max(lo, 0) up to hi.
   if (!hi || hi->value > 0 || (hi->value == 0 && !hi->exclusive)) {
     const Bound from = lo && lo->value >= 0 ? *lo : Bound{0, false};

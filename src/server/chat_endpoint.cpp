@@ -93,8 +93,8 @@ Json chat_response(const ChatRequest& request, const GenerationJob& job, const s
 
 }  // namespace
 
-void handle_chat_completions(EndpointContext& context, const httplib::Request& http_request, httplib::Response& res) {
-  const ChatRequest request = parse_chat_request(parse_request_body(http_request.body));
+void handle_chat_completions(EndpointContext& context, const std::string& http_body, httplib::Response& res) {
+  const ChatRequest request = parse_chat_request(parse_request_body(http_body));
   check_model_name(context.config, request.options.model);
   log_ignored_fields(request.options, "/v1/chat/completions");
   const ServedModel& model = *context.model;

@@ -59,8 +59,8 @@ struct CompletionStream {
 
 }  // namespace
 
-void handle_completions(EndpointContext& context, const httplib::Request& http_request, httplib::Response& res) {
-  const CompletionRequest request = parse_completion_request(parse_request_body(http_request.body));
+void handle_completions(EndpointContext& context, const std::string& http_body, httplib::Response& res) {
+  const CompletionRequest request = parse_completion_request(parse_request_body(http_body));
   check_model_name(context.config, request.options.model);
   log_ignored_fields(request.options, "/v1/completions");
   const ServedModel& model = *context.model;

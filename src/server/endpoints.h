@@ -8,10 +8,10 @@
 
 namespace anvil::server {
 
-void handle_chat_completions(EndpointContext& context, const httplib::Request& request, httplib::Response& response);
-void handle_completions(EndpointContext& context, const httplib::Request& request, httplib::Response& response);
-void handle_tokenize(EndpointContext& context, const httplib::Request& request, httplib::Response& response);
-void handle_detokenize(EndpointContext& context, const httplib::Request& request, httplib::Response& response);
+void handle_chat_completions(EndpointContext& context, const std::string& body, httplib::Response& response);
+void handle_completions(EndpointContext& context, const std::string& body, httplib::Response& response);
+void handle_tokenize(EndpointContext& context, const std::string& body, httplib::Response& response);
+void handle_detokenize(EndpointContext& context, const std::string& body, httplib::Response& response);
 // GET /v1/models, and GET /v1/models/{id} when `only` is set.
 Json models_json(const ServerConfig& config, const ServedModel& model, const std::string* only);
 

@@ -75,12 +75,30 @@ struct OpenAiServer::Impl {
     };
   }
 
+  // POST routes read their own body: httplib's built-in reader refuses any form-encoded body over
+  // 8 KiB (what `curl -d` sends), and we want one limit, --max-body-bytes, whatever the type.
   template <typename Handler>
-  void generation_route(const std::string& path, Handler handler) {
-    http.Post(path, wrap([this, handler](const httplib::Request& req, httplib::Response& res) {
-      EndpointContext context{config, metrics, ready_model(), stopping};
-      handler(context, req, res);
-    }));
+  void post_route(const std::string& path, Handler handler) {
+    http.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res,
+                                    const httplib::ContentReader& reader) {
+      wrap([&](const httplib::Request&, httplib::Response&) {
+        std::string body;
+        bool too_large = false;
+        const bool ok = reader([&](const char* data, size_t length) {
+          if (body.size() + length > config.max_body_bytes) {
+            too_large = true;
+            return false;
+          }
+          body.append(data, length);
+          return true;
+        });
+        if (too_large || res.status == 413)
+          throw ApiError(413, fmt::format("the request body is larger than {} bytes", config.max_body_bytes));
+        if (!ok) throw ApiError(400, "the request body could not be read");
+        EndpointContext context{config, metrics, ready_model(), stopping};
+        handler(context, body, res);
+      })(req, res);
+    });
   }
 
   void routes();
@@ -104,7 +122,7 @@ void OpenAiServer::Impl::routes() {
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty() || res.is_chunked_content_provider_) return httplib::Server::HandlerResponse::Unhandled;
     if (res.status == 413) {
       send_error(res, 413, fmt::format("the request body is larger than {} bytes", config.max_body_bytes));
@@ -114,7 +132,7 @@ void OpenAiServer::Impl::routes() {
       send_error(res, res.status, fmt::format("HTTP error {}", res.status));
     }
     return httplib::Server::HandlerResponse::Handled;
-  });
+  }));
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     send_error(res, 500, "internal error");
   });
@@ -150,10 +168,10 @@ void OpenAiServer::Impl::routes() {
     res.set_content(dump_json(models_json(config, *ready_model(), &id)), "application/json");
   }));
 
-  generation_route("/v1/chat/completions", handle_chat_completions);
-  generation_route("/v1/completions", handle_completions);
-  generation_route("/tokenize", handle_tokenize);
-  generation_route("/detokenize", handle_detokenize);
+  post_route("/v1/chat/completions", handle_chat_completions);
+  post_route("/v1/completions", handle_completions);
+  post_route("/tokenize", handle_tokenize);
+  post_route("/detokenize", handle_detokenize);
   for (const char* path : {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"}) {
     http.Get(path, [path](const httplib::Request&, httplib::Response& res) {
       res.set_header("Allow", "POST");

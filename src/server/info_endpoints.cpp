@@ -35,8 +35,8 @@ Json models_json(const ServerConfig& config, const ServedModel& model, const std
 }
 
 // vLLM's /tokenize: {prompt} or {messages} in, {count, max_model_len, tokens[, token_strs]} out.
-void handle_tokenize(EndpointContext& context, const httplib::Request& http_request, httplib::Response& res) {
-  const Json body = parse_request_body(http_request.body);
+void handle_tokenize(EndpointContext& context, const std::string& http_body, httplib::Response& res) {
+  const Json body = parse_request_body(http_body);
   FieldReader fields(body, "");
   check_model_name(context.config, fields.string("model").value_or(""));
   const ServedModel& model = *context.model;
@@ -70,8 +70,8 @@ void handle_tokenize(EndpointContext& context, const httplib::Request& http_requ
   res.set_content(dump_json(out), "application/json");
 }
 
-void handle_detokenize(EndpointContext& context, const httplib::Request& http_request, httplib::Response& res) {
-  const Json body = parse_request_body(http_request.body);
+void handle_detokenize(EndpointContext& context, const std::string& http_body, httplib::Response& res) {
+  const Json body = parse_request_body(http_body);
   FieldReader fields(body, "");
   check_model_name(context.config, fields.string("model").value_or(""));
   const Tokenizer& tokenizer = require_tokenizer(*context.model);
