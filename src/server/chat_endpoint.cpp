@@ -38,7 +38,9 @@ struct ChatStream {
     for (const ChoiceUpdate& update : updates) {
       if (!update.error.empty()) out += sse_data(error_body(500, update.error));
       Json delta = chat_delta_json(update);
-      if (delta.empty() && !update.finished && !(logprobs && !update.tokens.empty())) continue;
+      // Tokens that add no text yet (a held-back tag, a header) still reach clients that asked
+      // for their ids or logprobs.
+      if (delta.empty() && !update.finished && !((logprobs || token_ids) && !update.tokens.empty())) continue;
       Json choice = {{"index", update.index}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
       if (logprobs) choice["logprobs"] = chat_logprobs(update.tokens, logprob_format);
       if (token_ids) {

@@ -94,6 +94,8 @@ void GenerationJob::process(Choice& choice, ChoiceUpdate& update, const Item& it
     const bool ending = output.finished && output.stop_token && *output.stop_token == token.token &&
                         t + 1 == output.tokens.size();
     if (ending) break;
+    // Ids past the tokenizer's vocabulary (padding rows of the embedding) have no text.
+    if (!options_.tokenizer || token.token < 0 || token.token >= options_.tokenizer->vocab_size()) continue;
     if (choice.parser) {
       emit_chat(choice, update, choice.parser->push(token.token));
     } else if (choice.decoder) {

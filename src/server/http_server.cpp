@@ -201,8 +201,14 @@ OpenAiServer::~OpenAiServer() {
 }
 
 void OpenAiServer::bind() {
-  if (!impl_->http.bind_to_port(impl_->config.host, impl_->config.port))
-    fail("cannot listen on {}:{} (address in use or not available)", impl_->config.host, impl_->config.port);
+  ServerConfig& config = impl_->config;
+  if (config.port == 0) {
+    // Port 0: any free port, named in the "serving ... on" log line (tests start servers this way).
+    config.port = impl_->http.bind_to_any_port(config.host);
+    if (config.port <= 0) fail("cannot listen on {} (address not available)", config.host);
+  } else if (!impl_->http.bind_to_port(config.host, config.port)) {
+    fail("cannot listen on {}:{} (address in use or not available)", config.host, config.port);
+  }
   impl_->http.widen_backlog();
 }
 

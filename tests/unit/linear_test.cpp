@@ -249,6 +249,27 @@ TEST(Linear, ZeroTokensWritesNothing) {
   EXPECT_EQ(y, 42.0f);
 }
 
+TEST(Linear, EmptyInputGivesBias) {
+  const float bias[3] = {1.0f, -2.0f, 0.5f};
+  const float unused = 0.0f;
+  for (WeightFormat format : kAllFormats) {
+    LinearWeight weight;
+    weight.format = format;
+    weight.out_features = 3;
+    weight.in_features = 0;
+    weight.data = &unused;
+    weight.scales = reinterpret_cast<const uint8_t*>(&unused);
+    weight.bias = bias;
+    const float x = 0.0f;
+    ThreadPool pool(2);
+    for (int64_t tokens : {2, 5}) {  // both the few-token and the many-token kernels
+      std::vector<float> y(size_t(tokens * 3), NAN);
+      linear_forward(weight, &x, tokens, y.data(), pool);
+      for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], bias[i % 3]) << name_of(format) << " " << i;
+    }
+  }
+}
+
 TEST(Linear, AddsBias) {
   const float w[6] = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};  // [3, 2]
   const float bias[3] = {0.5f, -1.0f, 100.0f};

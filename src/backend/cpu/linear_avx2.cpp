@@ -304,6 +304,32 @@ void decode_columns(const LinearWeight& weight, int64_t row, int64_t k0, int64_t
   }
 }
 
+// Prefetches columns [k0, k0 + n) of a row. The GEMM reads kGemmRows rows a column block at a
+// time, a pattern of short strided runs that hardware prefetchers follow poorly; asking for the
+// next block while the current one is being multiplied keeps DRAM busy.
+void prefetch_columns(const LinearWeight& weight, int64_t row, int64_t k0, int64_t n) {
+  const int64_t in = weight.in_features;
+  const char* begin = nullptr;
+  int64_t bytes = 0;
+  switch (weight.format) {
+    case WeightFormat::F32:
+      begin = static_cast<const char*>(weight.data) + (row * in + k0) * 4;
+      bytes = n * 4;
+      break;
+    case WeightFormat::BF16:
+    case WeightFormat::F16:
+      begin = static_cast<const char*>(weight.data) + (row * in + k0) * 2;
+      bytes = n * 2;
+      break;
+    case WeightFormat::MXFP4:
+      begin = static_cast<const char*>(weight.data) + (row * in + k0) / 2;
+      bytes = n / 2;
+      _mm_prefetch(reinterpret_cast<const char*>(weight.scales + (row * in + k0) / 32), _MM_HINT_T0);
+      break;
+  }
+  for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(begin + offset, _MM_HINT_T0);
+}
+
 // acc[r * kGemmT + t] += sum over k < n (n a multiple of 8) of w[r * ldw + k] * x[t * ldx + k],
 // lane-wise.
 template <int R, int T>
@@ -367,7 +393,10 @@ void gemm_rows(const LinearWeight& weight, const float* x, int64_t tokens, float
       for (int64_t i = 0; i < kPairs * kTiles * kSlot; ++i) accs[i] = _mm256_setzero_ps();
       for (int64_t k0 = 0; k0 < in; k0 += kGemmK) {
         const int64_t n = in - k0 < kGemmK ? in - k0 : kGemmK;
-        for (int64_t r = 0; r < rows; ++r) decode_columns(weight, r0 + r, k0, n, wbuf + r * kGemmK);
+        for (int64_t r = 0; r < rows; ++r) {
+          decode_columns(weight, r0 + r, k0, n, wbuf + r * kGemmK);
+          if (k0 + kGemmK < in) prefetch_columns(weight, r0 + r, k0 + kGemmK, in - k0 - kGemmK < kGemmK ? in - k0 - kGemmK : kGemmK);
+        }
         const int64_t n8 = n & ~int64_t(7);
         for (int64_t p = 0; p < rows; p += kGemmR) {
           const float* w = wbuf + p * kGemmK;

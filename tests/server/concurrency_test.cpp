@@ -1,0 +1,132 @@
+// Many clients at once, and clients that leave: batching must not change anyone's tokens, and a
+// client that disconnects mid-stream must give its KV blocks back.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "server/server_harness.h"
+
+namespace anvil::test {
+namespace {
+
+std::vector<int> stream_token_ids(const SseStream& stream) {
+  std::vector<int> ids;
+  for (const Json& event : stream.events)
+    for (const Json& c : event.value("choices", Json::array()))
+      for (const Json& id : c.value("token_ids", Json::array())) ids.push_back(id.get<int>());
+  return ids;
+}
+
+TEST(ServerConcurrency, SixtyFourStreamsGetTheirSoloTokens) {
+  ServerProcess& server = tiny_server();
+  constexpr int kClients = 64;
+  std::vector<Json> bodies;
+  for (int c = 0; c < kClients; ++c) {
+    std::vector<int> prompt;
+    for (int i = 0; i < 6 + c % 23; ++i) prompt.push_back((c * 131 + i * 29 + 5) % 1024);
+    bodies.push_back({{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0},
+                      {"ignore_eos", true}, {"return_token_ids", true}});
+  }
+  std::vector<Json> alone(kClients);
+  for (int c = 0; c < kClients; ++c) {
+    const HttpResult result = post(server, "/v1/completions", bodies[c]);
+    ASSERT_EQ(result.status, 200) << result.body;
+    alone[c] = result.json["choices"][0].at("token_ids");
+  }
+  std::vector<SseStream> streams(kClients);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      Json body = bodies[c];
+      body["stream"] = true;
+      streams[c] = post_stream(server, "/v1/completions", body);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int c = 0; c < kClients; ++c) {
+    ASSERT_EQ(streams[c].status, 200) << "client " << c << ": " << streams[c].raw;
+    EXPECT_TRUE(streams[c].done) << "client " << c;
+    EXPECT_EQ(Json(stream_token_ids(streams[c])), alone[c]) << "client " << c;
+  }
+}
+
+// A raw socket, so the test decides exactly when the connection goes away.
+class RawClient {
+ public:
+  explicit RawClient(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(uint16_t(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  }
+  ~RawClient() { close(fd_); }
+  bool connected() const { return connected_; }
+  bool send_all(const std::string& data) {
+    size_t sent = 0;
+    while (sent < data.size()) {
+      const ssize_t n = ::send(fd_, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += size_t(n);
+    }
+    return true;
+  }
+  // Reads until `needle` has been seen `count` times (or the peer closes).
+  std::string read_until(const std::string& needle, int count) {
+    std::string received;
+    char buffer[4096];
+    while (true) {
+      int seen = 0;
+      for (size_t at = received.find(needle); at != std::string::npos; at = received.find(needle, at + 1)) ++seen;
+      if (seen >= count) break;
+      const ssize_t n = recv(fd_, buffer, sizeof buffer, 0);
+      if (n <= 0) break;
+      received.append(buffer, size_t(n));
+    }
+    return received;
+  }
+
+ private:
+  int fd_;
+  bool connected_ = false;
+};
+
+TEST(ServerConcurrency, ADisconnectedStreamFreesItsKvBlocks) {
+  ServerProcess& server = tiny_server();
+  const auto metrics = [&] { return get(server, "/metrics").body; };
+  const double generated_before = metric_value(metrics(), "anvil:generation_tokens_total");
+
+  const Json body = {{"model", "tiny"}, {"prompt", {1, 2, 3, 4, 5, 6, 7, 8}}, {"max_tokens", 4000},
+                     {"ignore_eos", true}, {"stream", true}, {"temperature", 0}};
+  const std::string payload = body.dump();
+  {
+    RawClient client(server.port());
+    ASSERT_TRUE(client.connected());
+    ASSERT_TRUE(client.send_all("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                "Content-Length: " + std::to_string(payload.size()) + "\r\n\r\n" + payload));
+    const std::string head = client.read_until("data: ", 3);
+    ASSERT_NE(head.find("200 OK"), std::string::npos) << head;
+    const std::string during = metrics();
+    EXPECT_EQ(metric_value(during, "anvil:num_requests_running"), 1);
+    EXPECT_GT(metric_value(during, "anvil:kv_cache_usage_perc"), 0);
+  }  // the connection closes here, mid-stream
+  bool freed = false;
+  std::string after;
+  for (int i = 0; i < 100 && !freed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    after = metrics();
+    freed = metric_value(after, "anvil:num_requests_running") == 0 && metric_value(after, "anvil:kv_cache_usage_perc") == 0;
+  }
+  EXPECT_TRUE(freed) << after;
+  // It was cancelled, not run to its 4000 tokens.
+  EXPECT_LT(metric_value(after, "anvil:generation_tokens_total") - generated_before, 3000);
+  EXPECT_EQ(get(server, "/health").status, 200);
+}
+
+}  // namespace
+}  // namespace anvil::test
