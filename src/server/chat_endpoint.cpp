@@ -147,7 +147,7 @@ void handle_chat_completions(EndpointContext& context, const std::string& http_b
   stream_response(res, job,
                   {[stream](const std::vector<ChoiceUpdate>& updates) { return stream->on_updates(updates); },
                    [stream] { return stream->on_end(); }},
-                  context.stopping);
+                  context);
 }
 
 }  // namespace anvil::server

@@ -155,7 +155,7 @@ void handle_completions(EndpointContext& context, const std::string& http_body, 
   stream_response(res, job,
                   {[stream](const std::vector<ChoiceUpdate>& updates) { return stream->on_updates(updates); },
                    [stream] { return stream->on_end(); }},
-                  context.stopping);
+                  context);
 }
 
 }  // namespace anvil::server

@@ -110,7 +110,8 @@ bool pump(StreamState& state, httplib::DataSink& sink) {
     out = sse_data(error_body(503, "the server is shutting down")) + kSseDone;
     state.ended = true;
   } else {
-    const std::vector<ChoiceUpdate> updates = state.job->wait(std::chrono::milliseconds(1000));
+    // Short waits keep shutdown prompt: a stopping server hears back within a quarter second.
+    const std::vector<ChoiceUpdate> updates = state.job->wait(std::chrono::milliseconds(250));
     if (!updates.empty()) out = state.formatter.updates(updates);
     if (state.job->done()) {
       out += state.formatter.end();
@@ -131,8 +132,10 @@ bool pump(StreamState& state, httplib::DataSink& sink) {
 }  // namespace
 
 void stream_response(httplib::Response& res, std::shared_ptr<GenerationJob> job, StreamFormatter formatter,
-                     const std::atomic<bool>& stopping) {
-  auto state = std::make_shared<StreamState>(StreamState{std::move(job), std::move(formatter), &stopping});
+                     EndpointContext& context) {
+  auto state = std::make_shared<StreamState>(StreamState{std::move(job), std::move(formatter), &context.stopping});
+  std::atomic<int>* open_streams = &context.open_streams;
+  ++*open_streams;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
@@ -146,8 +149,9 @@ void stream_response(httplib::Response& res, std::shared_ptr<GenerationJob> job,
           return false;
         }
       },
-      [state](bool success) {
+      [state, open_streams](bool success) {
         if (!success) state->job->cancel();
+        --*open_streams;
       });
 }
 

@@ -23,6 +23,7 @@ struct EndpointContext {
   ServerMetrics& metrics;
   std::shared_ptr<ServedModel> model;  // loaded
   const std::atomic<bool>& stopping;
+  std::atomic<int>& open_streams;  // lets shutdown wait for streams to end cleanly
   const std::string& response_model() const { return config.served_model_names.front(); }
 };
 
@@ -53,7 +54,8 @@ struct StreamFormatter {
 };
 // Answers with an SSE stream fed by the job. A client that goes away (a failed write) cancels
 // the job, so its sequences leave the engine at the next step.
+// When the server stops, open streams end with an error event and [DONE] before it closes.
 void stream_response(httplib::Response& res, std::shared_ptr<GenerationJob> job, StreamFormatter formatter,
-                     const std::atomic<bool>& stopping);
+                     EndpointContext& context);
 
 }  // namespace anvil::server

@@ -42,6 +42,7 @@ struct OpenAiServer::Impl {
   std::shared_ptr<ServedModel> model;
   std::string load_error;
   std::atomic<bool> failed{false}, stopping{false}, entering_listen{false}, listen_returned{false};
+  std::atomic<int> open_streams{0};
   std::thread loader;
 
   explicit Impl(ServerConfig c) : config(std::move(c)) {}
@@ -95,7 +96,7 @@ struct OpenAiServer::Impl {
         if (too_large || res.status == 413)
           throw ApiError(413, fmt::format("the request body is larger than {} bytes", config.max_body_bytes));
         if (!ok) throw ApiError(400, "the request body could not be read");
-        EndpointContext context{config, metrics, ready_model(), stopping};
+        EndpointContext context{config, metrics, ready_model(), stopping, open_streams};
         handler(context, body, res);
       })(req, res);
     });
@@ -192,6 +193,12 @@ OpenAiServer::OpenAiServer(ServerConfig config) : impl_(std::make_unique<Impl>(s
   impl.http.set_write_timeout(30);
   impl.http.set_keep_alive_max_count(1000);
   impl.http.set_tcp_nodelay(true);
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
+  // silently take half its connections; a port in use must be an error instead.
+  impl.http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   impl.routes();
 }
 
@@ -239,6 +246,9 @@ void OpenAiServer::load_in_background(std::function<std::unique_ptr<Model>()> lo
 
 void OpenAiServer::Impl::request_stop() {
   stopping = true;
+  // Open streams see `stopping` within a quarter second and close with an error event; give them
+  // that chance before the sockets go.
+  for (int i = 0; i < 60 && open_streams > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (!entering_listen) return;
   // httplib's stop() only takes effect once listening has begun.
   while (!http.is_running() && !listen_returned) std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -7,7 +7,6 @@ namespace anvil::server {
 
 StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
     : stops_(std::move(stops)), include_stop_(include_stop) {
-  for (const std::string& stop : stops_) hold_ = std::max(hold_, stop.size() - 1);
 }
 
 std::string StopMatcher::push(std::string_view text) {
@@ -31,8 +30,17 @@ std::string StopMatcher::push(std::string_view text) {
     pending_.clear();
     return out;
   }
-  if (pending_.size() <= hold_) return {};
-  size_t cut = pending_.size() - hold_;
+  // Only a tail that is the start of some stop string can still become a match.
+  size_t keep = 0;
+  for (const std::string& stop : stops_) {
+    for (size_t k = std::min(stop.size() - 1, pending_.size()); k > keep; --k) {
+      if (pending_.compare(pending_.size() - k, k, stop, 0, k) == 0) {
+        keep = k;
+        break;
+      }
+    }
+  }
+  size_t cut = pending_.size() - keep;
   // Never split a UTF-8 character: clients decode every piece on its own.
   while (cut > 0 && (static_cast<unsigned char>(pending_[cut]) & 0xC0) == 0x80) --cut;
   std::string out = pending_.substr(0, cut);

@@ -1,5 +1,5 @@
 #pragma once
-// Stop strings over streamed text. Text that could be the start of a stop string is held back
+// Stop strings over streamed text. A tail that could be the start of a stop string is held back
 // until the next piece decides it, so a stop string split across tokens is still found and never
 // reaches the client, streamed or not.
 #include <string>
@@ -23,7 +23,6 @@ class StopMatcher {
 
  private:
   std::vector<std::string> stops_;
-  size_t hold_ = 0;  // longest stop string - 1
   bool include_stop_ = false;
   std::string pending_;
   bool matched_ = false;

@@ -141,6 +141,28 @@ TEST(ServerEndpoints, BadCommandLinesFailWithOneLine) {
   const auto format = run_anvil("serve '" + tiny_model_dir().string() + "' --load-format bogus");
   EXPECT_EQ(format.exit_code, 1);
   EXPECT_NE(format.err.find("--load-format"), std::string::npos) << format.err;
+  // A port in use is an error, not a second server sharing it.
+  const auto taken = run_anvil("serve '" + tiny_model_dir().string() + "' --port " + std::to_string(tiny_server().port()));
+  EXPECT_EQ(taken.exit_code, 1);
+  EXPECT_NE(taken.err.find("cannot listen"), std::string::npos) << taken.err;
+}
+
+TEST(ServerEndpoints, ShutdownEndsOpenStreamsAndExitsZero) {
+  ServerProcess server({tiny_model_dir().string(), "--kv-cache-memory", "0.01"});
+  ASSERT_TRUE(server.wait_ready(60)) << server.log();
+  std::string received;
+  std::thread client([&] {
+    auto c = server.client();
+    const Json body = {{"prompt", {1, 2, 3}}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}};
+    if (auto result = c.Post("/v1/completions", body.dump(), "application/json")) received = result->body;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(server.stop(), 0) << server.log();
+  client.join();
+  const SseStream stream = parse_sse(200, received);
+  EXPECT_TRUE(stream.done) << received.substr(0, 300);
+  ASSERT_FALSE(stream.events.empty());
+  EXPECT_EQ(stream.events.back().at("error").at("code"), 503);
 }
 
 TEST(ServerEndpoints, ALoadFailureExitsNonZero) {
