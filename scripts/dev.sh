@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine (as root) or a developer's checkout:
-#   bash scripts/dev.sh demo   install, build, and run the demo model
+#   bash scripts/dev.sh demo   install, build, and serve the demo model on 127.0.0.1:8000
 #   bash scripts/dev.sh test   install, build, and run every test (plus the sanitizer build)
 #   bash scripts/dev.sh build  install and build only
 set -euo pipefail
@@ -61,7 +61,8 @@ case "${1:-}" in
     install_packages
     build build
     demo_model
-    ./build/anvil generate --model build/demo-model --prompt "What does grep do?" --max-tokens 32 --temperature 0
+    echo "serving the demo model on http://127.0.0.1:${PORT:-8000}/v1 (Ctrl-C stops it)"
+    exec ./build/anvil serve build/demo-model --served-model-name demo --port "${PORT:-8000}"
     ;;
   test)
     install_packages
