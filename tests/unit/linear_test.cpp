@@ -39,7 +39,9 @@ struct RandomLayer {
   std::vector<float> bias;
   LinearWeight weight;
 
-  RandomLayer(WeightFormat format, int64_t out, int64_t in, bool with_bias, uint32_t seed) {
+  // MXFP4 block scales are drawn from [scale_min, scale_min + scale_span).
+  RandomLayer(WeightFormat format, int64_t out, int64_t in, bool with_bias, uint32_t seed,
+              int scale_min = 120, int scale_span = 12) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     const size_t n = size_t(out * in);
@@ -66,8 +68,8 @@ struct RandomLayer {
         data.resize(n / 2);
         for (auto& byte : data) byte = uint8_t(rng());
         scales.resize(n / 32);
-        // Around 2^0, spread enough that a scale applied to the wrong block shows.
-        for (auto& s : scales) s = uint8_t(120 + rng() % 12);
+        // Around 2^0 by default, spread enough that a scale applied to the wrong block shows.
+        for (auto& s : scales) s = uint8_t(scale_min + int(rng() % uint32_t(scale_span)));
         break;
       }
     }
@@ -130,9 +132,10 @@ LinearWeight slice_rows(const LinearWeight& weight, RowRange range) {
 // 1e-5 of sum_i |x_i * w_i| + |bias|. The reference is slow, so big layers check a few row ranges
 // (including the boundary between the two threads' halves).
 void check_against_reference(WeightFormat format, Shape shape, const std::vector<int64_t>& token_counts,
-                             bool bias, uint32_t seed, std::vector<RowRange> checked = {}) {
+                             bool bias, uint32_t seed, std::vector<RowRange> checked = {},
+                             int scale_min = 120, int scale_span = 12) {
   if (checked.empty()) checked.push_back({0, shape.out});
-  RandomLayer layer(format, shape.out, shape.in, bias, seed);
+  RandomLayer layer(format, shape.out, shape.in, bias, seed, scale_min, scale_span);
   int64_t max_tokens = 0;
   for (int64_t t : token_counts) max_tokens = std::max(max_tokens, t);
   const std::vector<float> x = random_input(max_tokens, shape.in, seed + 1);
@@ -201,9 +204,9 @@ const WeightFormat kAllFormats[] = {WeightFormat::F32, WeightFormat::BF16, Weigh
                                     WeightFormat::MXFP4};
 
 TEST(Linear, MatchesReferenceOnSmallShapes) {
-  // Every token-tile size (1..8) and tile remainders, odd row counts and, for the dense formats,
-  // in sizes that leave a tail after the SIMD chunks.
-  const std::vector<int64_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 23};
+  // Every token-tile size (1..8), uneven tiles, both the few-token and the many-token kernels,
+  // odd row counts and, for the dense formats, in sizes that leave a tail after the SIMD chunks.
+  const std::vector<int64_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 23, 40};
   for (WeightFormat format : kAllFormats) {
     std::vector<Shape> shapes = {{37, 64}, {1, 32}, {3, 96}, {130, 320}, {17, 2880}};
     if (format != WeightFormat::MXFP4) {
@@ -214,6 +217,21 @@ TEST(Linear, MatchesReferenceOnSmallShapes) {
       check_against_reference(format, shape, tokens, /*bias=*/seed % 2 == 0, seed);
       ++seed;
     }
+  }
+}
+
+TEST(LinearMxfp4, MatchesReferenceWithWideScales) {
+  // Block scales the kernels' scaled lookup table cannot take (it covers 2^-13..2^13): first
+  // nearly every row has some, then about one block in 28, so row groups of both kinds occur.
+  check_against_reference(WeightFormat::MXFP4, {37, 320}, {1, 2, 3, 5, 8, 9, 23}, true, 77, {}, 100, 54);
+  check_against_reference(WeightFormat::MXFP4, {37, 320}, {1, 2, 3, 5, 8, 9, 23}, true, 78, {}, 113, 28);
+}
+
+TEST(Linear, MatchesReferenceWithManyTokens) {
+  // Past one group of tokens in the many-token kernel, with uneven groups.
+  uint32_t seed = 50;
+  for (WeightFormat format : kAllFormats) {
+    check_against_reference(format, {50, 320}, {97, 150, 200}, /*bias=*/true, seed++);
   }
 }
 
@@ -241,6 +259,27 @@ TEST(Linear, ResultDoesNotDependOnThreadCount) {
   }
 }
 
+TEST(Linear, TokenResultDoesNotDependOnBatch) {
+  // A server batches unrelated requests: each token's output must be bit-identical to computing
+  // it alone, whichever kernel (few-token or many-token) the batch size selects.
+  ThreadPool pool(2);
+  for (WeightFormat format : kAllFormats) {
+    const int64_t in = format == WeightFormat::MXFP4 ? 320 : 333;
+    RandomLayer layer(format, 45, in, true, 11, 108, 40);
+    const int64_t max_tokens = 70;
+    const std::vector<float> x = random_input(max_tokens, in, 12);
+    std::vector<float> alone(size_t(max_tokens * 45)), together(size_t(max_tokens * 45));
+    for (int64_t t = 0; t < max_tokens; ++t) {
+      linear_forward(layer.weight, x.data() + t * in, 1, alone.data() + t * 45, pool);
+    }
+    for (int64_t tokens : {2, 3, 5, 8, 9, 19, 20, 31, 32, 70}) {
+      linear_forward(layer.weight, x.data(), tokens, together.data(), pool);
+      EXPECT_EQ(0, std::memcmp(alone.data(), together.data(), size_t(tokens * 45) * sizeof(float)))
+          << name_of(format) << " tokens " << tokens;
+    }
+  }
+}
+
 TEST(Linear, ZeroTokensWritesNothing) {
   RandomLayer layer(WeightFormat::BF16, 4, 16, false, 3);
   ThreadPool pool(1);
@@ -262,7 +301,7 @@ TEST(Linear, EmptyInputGivesBias) {
     weight.bias = bias;
     const float x = 0.0f;
     ThreadPool pool(2);
-    for (int64_t tokens : {2, 5}) {  // both the few-token and the many-token kernels
+    for (int64_t tokens : {2, 40}) {  // both the few-token and the many-token kernels
       std::vector<float> y(size_t(tokens * 3), NAN);
       linear_forward(weight, &x, tokens, y.data(), pool);
       for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], bias[i % 3]) << name_of(format) << " " << i;
