@@ -105,7 +105,9 @@ struct Engine::Impl {
   // Engine-thread state.
   std::deque<std::unique_ptr<Sequence>> waiting;
   std::vector<std::unique_ptr<Sequence>> running;
-  EngineStats totals;
+  // Counters read live by stats(): a client that just got its answer must see them counted.
+  std::atomic<int64_t> prompt_tokens_total{0}, generation_tokens_total{0};
+  std::atomic<int64_t> prefix_cache_queries{0}, prefix_cache_hits{0}, preemptions_total{0};
 
   void loop() {
     std::vector<float> logits;
@@ -167,7 +169,7 @@ struct Engine::Impl {
   void preempt(std::unique_ptr<Sequence> seq) {
     cache.release(seq->kv);
     seq->computed = 0;
-    ++totals.preemptions_total;
+    ++preemptions_total;
     waiting.push_front(std::move(seq));
   }
 
@@ -224,8 +226,8 @@ struct Engine::Impl {
       Sequence& seq = *waiting.front();
       if (seq.computed == 0 && config.enable_prefix_caching && seq.kv.block_tables.empty()) {
         seq.computed = cache.attach_cached_prefix(seq.kv, seq.tokens);
-        totals.prefix_cache_queries += int64_t(seq.tokens.size());
-        totals.prefix_cache_hits += seq.computed;
+        prefix_cache_queries += int64_t(seq.tokens.size());
+        prefix_cache_hits += seq.computed;
         if (!seq.reported_prompt) seq.cached_prompt_tokens = std::min(seq.computed, seq.prompt_length);
       }
       const int64_t n = std::min<int64_t>(int64_t(seq.tokens.size()) - seq.computed, budget);
@@ -266,7 +268,7 @@ struct Engine::Impl {
     for (const auto& s : plan) {
       Sequence& seq = *s.seq;
       const bool was_prefill = seq.computed < seq.prompt_length;
-      if (was_prefill) totals.prompt_tokens_total += std::min(s.num_tokens, seq.prompt_length - seq.computed);
+      if (was_prefill) prompt_tokens_total += std::min(s.num_tokens, seq.prompt_length - seq.computed);
       seq.computed += s.num_tokens;
       if (config.enable_prefix_caching)
         cache.register_full_blocks(seq.kv, std::span<const int32_t>(seq.tokens.data(), size_t(seq.computed)));
@@ -356,7 +358,7 @@ struct Engine::Impl {
     }
     seq.tokens.push_back(token);
     seq.output_counts[token]++;
-    ++totals.generation_tokens_total;
+    ++generation_tokens_total;
 
     RequestOutput out;
     out.tokens.push_back(std::move(generated));
@@ -376,7 +378,7 @@ struct Engine::Impl {
   }
 
   void publish_stats() {
-    EngineStats stats = totals;
+    EngineStats stats;
     stats.running = int64_t(running.size());
     stats.waiting = int64_t(waiting.size());
     int64_t total = 0, free = 0;
@@ -460,8 +462,17 @@ void Engine::cancel(uint64_t request_id) {
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->published;
+  EngineStats stats;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    stats = impl_->published;
+  }
+  stats.prompt_tokens_total = impl_->prompt_tokens_total;
+  stats.generation_tokens_total = impl_->generation_tokens_total;
+  stats.prefix_cache_queries = impl_->prefix_cache_queries;
+  stats.prefix_cache_hits = impl_->prefix_cache_hits;
+  stats.preemptions_total = impl_->preemptions_total;
+  return stats;
 }
 
 }  // namespace anvil
