@@ -4,6 +4,7 @@
 #include <atomic>
 #include <csignal>
 #include <ctime>
+#include <limits>
 #include <thread>
 
 #include "cli/common.h"
@@ -29,6 +30,7 @@ struct ServeOptions {
   bool enable_prefix_caching = true;
   bool no_prefix_caching = false;
   size_t max_body_bytes = size_t(8) << 20;
+  int64_t max_queued_requests = 1024;
 };
 
 void run_serve(const ServeOptions& options) {
@@ -39,6 +41,8 @@ void run_serve(const ServeOptions& options) {
     fail("--kv-cache-memory must be a positive number of GiB, got {}", options.kv_cache_gib);
   if (options.port < 0 || options.port > 65535) fail("--port must be in [0, 65535], got {}", options.port);
   if (options.max_body_bytes == 0) fail("--max-body-bytes must be positive");
+  if (options.max_queued_requests < 0)
+    fail("--max-queued-requests must be 0 (no bound) or positive, got {}", options.max_queued_requests);
 
   server::ServerConfig config;
   config.host = options.host;
@@ -53,6 +57,8 @@ void run_serve(const ServeOptions& options) {
   config.engine.max_model_len = options.max_model_len;
   config.engine.kv_cache_bytes = size_t(options.kv_cache_gib * double(size_t(1) << 30));
   config.engine.enable_prefix_caching = options.enable_prefix_caching && !options.no_prefix_caching;
+  config.engine.max_waiting =
+      options.max_queued_requests > 0 ? options.max_queued_requests : std::numeric_limits<int64_t>::max();
 
   // Signals go to one thread that stops the server cleanly; every other thread (HTTP workers,
   // the engine, the loader) inherits the blocked mask. A client that vanishes must not kill us.
@@ -110,6 +116,11 @@ void register_serve(CLI::App& app) {
   verb->add_option("--load-format", options->model.load_format, "auto (read weights) or dummy (random weights)");
   verb->add_option("--rope-freq-dtype", options->model.rope_freq_dtype, "fp32 or bf16 (see generate)");
   verb->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body accepted (413 beyond)");
+  // SGLang's name for this bound, and as an alias the name vLLM's queue-bound proposals use. vLLM's
+  // merged --max-num-queued-reqs is no alias: it counts running requests too.
+  verb->add_option("--max-queued-requests,--max-waiting-queue-length", options->max_queued_requests,
+                   "Sequences that may wait for the engine beyond the running ones (each of n counts); more "
+                   "get 503 with Retry-After (0: no bound; default 1024)");
   add_threads_option(*verb, options->model.threads);
   verb->callback([options] { run_serve(*options); });
 }

@@ -17,6 +17,15 @@ void GenerationJob::cancel() {
 }
 
 void GenerationJob::start(std::vector<ChoiceSetup> setups, std::vector<int64_t> prompt_lengths) {
+  // All of a request's sequences queue before any runs, so more of them than the queue holds
+  // could never be admitted: a 503 would have the client retry forever.
+  const int64_t queue_bound = engine_.config().max_waiting;
+  if (int64_t(setups.size()) > queue_bound)
+    throw ApiError(400,
+                   fmt::format("this request asks for {} sequences (prompts x n), more than the {} the server queues "
+                               "at once (--max-queued-requests)",
+                               setups.size(), queue_bound),
+                   "n");
   prompt_lengths_ = std::move(prompt_lengths);
   choices_.resize(setups.size());
   for (size_t i = 0; i < setups.size(); ++i) {

@@ -184,9 +184,12 @@ void OpenAiServer::Impl::routes() {
 OpenAiServer::OpenAiServer(ServerConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {
   Impl& impl = *impl_;
   if (impl.config.served_model_names.empty()) impl.config.served_model_names.push_back(impl.config.model_dir.string());
-  // Each open stream holds a worker for its whole life, so the pool must outnumber the sequences
-  // the engine runs at once (plus those waiting), or new clients would queue behind the streams.
-  const size_t threads = size_t(std::clamp<int64_t>(impl.config.engine.max_num_seqs * 2 + 16, 64, 512));
+  // Every request in the engine, running or queued, holds a worker until it ends, so the pool must
+  // outnumber both together: a request past the queue bound needs a free worker to get its 503,
+  // or it would wait unseen in httplib's own unbounded queue.
+  const EngineConfig& engine = impl.config.engine;
+  const int64_t queued = std::min<int64_t>(engine.max_waiting, 512);
+  const size_t threads = size_t(std::clamp<int64_t>(std::min<int64_t>(engine.max_num_seqs, 512) + queued + 16, 64, 512));
   impl.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   impl.http.set_payload_max_length(impl.config.max_body_bytes);
   impl.http.set_read_timeout(30);

@@ -1,5 +1,6 @@
-// Many clients at once, and clients that leave: batching must not change anyone's tokens, and a
-// client that disconnects mid-stream must give its KV blocks back.
+// Many clients at once, and clients that leave: batching must not change anyone's tokens, a
+// client that disconnects mid-stream must give its KV blocks back, and past the queue bound
+// clients are told to come back later without harm to the rest.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -126,6 +127,81 @@ TEST(ServerConcurrency, ADisconnectedStreamFreesItsKvBlocks) {
   // It was cancelled, not run to its 4000 tokens.
   EXPECT_LT(metric_value(after, "anvil:generation_tokens_total") - generated_before, 3000);
   EXPECT_EQ(get(server, "/health").status, 200);
+}
+
+TEST(ServerConcurrency, AFullQueueAnswers503WithRetryAfterAndLosesNothing) {
+  // One sequence runs, one may wait: a third request at once must be turned away.
+  ServerProcess server({tiny_model_dir().string(), "--max-num-seqs", "1", "--max-queued-requests", "1",
+                        "--kv-cache-memory", "0.0625"});
+  ASSERT_TRUE(server.wait_ready(60)) << server.log();
+  const auto metric = [&](const char* name) { return metric_value(get(server, "/metrics").body, name); };
+  // Long enough that the first is still running while the rest of the test knocks.
+  constexpr int kTokens = 2500;
+  auto body_for = [&](int seed) {
+    std::vector<int> prompt;
+    for (int i = 0; i < 12; ++i) prompt.push_back((seed * 97 + i * 13 + 1) % 1000);
+    return Json{{"prompt", prompt}, {"max_tokens", kTokens}, {"temperature", 0}, {"ignore_eos", true},
+                {"return_token_ids", true}, {"stream", true}};
+  };
+
+  SseStream first, second;
+  std::thread first_client([&] { first = post_stream(server, "/v1/completions", body_for(1)); });
+  for (int i = 0; i < 250 && metric("anvil:num_requests_running") != 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::thread second_client([&] { second = post_stream(server, "/v1/completions", body_for(2)); });
+  for (int i = 0; i < 250 && metric("anvil:num_requests_waiting") != 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(metric("anvil:num_requests_running"), 1);
+  ASSERT_EQ(metric("anvil:num_requests_waiting"), 1);
+
+  // Several more at once, streamed or not, chat or text: each is refused before any work.
+  constexpr int kRefused = 6;
+  std::vector<HttpResult> refused(kRefused);
+  std::vector<std::thread> knockers;
+  for (int k = 0; k < kRefused; ++k) {
+    knockers.emplace_back([&, k] {
+      Json body = body_for(10 + k);
+      body["stream"] = k % 2 == 0;
+      body["max_tokens"] = 4;
+      refused[size_t(k)] = post(server, "/v1/completions", body.dump());
+    });
+  }
+  for (std::thread& knocker : knockers) knocker.join();
+  EXPECT_EQ(get(server, "/health").status, 200);
+  // Still the same two: the refusals came while the first was running and the second waiting.
+  EXPECT_EQ(metric("anvil:num_requests_running"), 1);
+  EXPECT_EQ(metric("anvil:num_requests_waiting"), 1);
+  for (const HttpResult& result : refused) {
+    EXPECT_EQ(result.status, 503) << result.body;
+    EXPECT_EQ(result.header("Retry-After"), "1");
+    EXPECT_NE(result.header("Content-Type").find("application/json"), std::string::npos);
+    const Json& error = result.json.at("error");
+    EXPECT_EQ(error.at("code"), 503);
+    EXPECT_EQ(error.at("type"), "ServiceUnavailableError");
+    EXPECT_NE(error.at("message").get<std::string>().find("queue is full"), std::string::npos) << result.body;
+  }
+
+  first_client.join();
+  second_client.join();
+  // The two admitted requests finish whole, with the tokens each gets alone.
+  for (const auto& [stream, seed] : {std::pair{&first, 1}, std::pair{&second, 2}}) {
+    SCOPED_TRACE(seed);
+    ASSERT_EQ(stream->status, 200) << stream->raw.substr(0, 400);
+    EXPECT_TRUE(stream->done);
+    Json alone = body_for(seed);
+    alone.erase("stream");
+    const HttpResult solo = post(server, "/v1/completions", alone);
+    ASSERT_EQ(solo.status, 200) << solo.body;
+    EXPECT_EQ(Json(stream_token_ids(*stream)), solo.json["choices"][0].at("token_ids"));
+    EXPECT_EQ(stream_token_ids(*stream).size(), size_t(kTokens));
+  }
+  // And the queue takes requests again.
+  EXPECT_EQ(post(server, "/v1/completions", Json{{"prompt", {1, 2}}, {"max_tokens", 2}}).status, 200);
+  // More sequences in one request than the queue holds could never be admitted: that is the
+  // client's error, not a reason to retry.
+  const HttpResult too_many = post(server, "/v1/completions", Json{{"prompt", {1, 2}}, {"max_tokens", 2}, {"n", 2}});
+  EXPECT_EQ(too_many.status, 400) << too_many.body;
+  EXPECT_EQ(too_many.json.at("error").at("param"), "n");
 }
 
 }  // namespace
