@@ -128,7 +128,7 @@ void handle_chat_completions(EndpointContext& context, const std::string& http_b
   const LogprobFormat logprob_format{model.tokenizer.get(), options.tokens_as_ids};
 
   if (!options.stream) {
-    run_to_completion(*job, context.stopping);
+    run_to_completion(*job, context);
     res.set_content(dump_json(chat_response(request, *job, context.response_model(), logprob_format, prompt.ids)),
                     "application/json");
     return;

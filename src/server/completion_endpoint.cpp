@@ -112,7 +112,7 @@ void handle_completions(EndpointContext& context, const std::string& http_body, 
   const bool logprobs = options.top_logprobs >= 0;
 
   if (!options.stream) {
-    run_to_completion(*job, context.stopping);
+    run_to_completion(*job, context);
     Json choices = Json::array();
     for (size_t i = 0; i < job->num_choices(); ++i) {
       const ChoiceResult& result = job->result(i);

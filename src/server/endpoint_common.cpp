@@ -77,13 +77,24 @@ void check_sampling(const RequestParams& params) {
   }
 }
 
-void run_to_completion(GenerationJob& job, const std::atomic<bool>& stopping) {
+void run_to_completion(GenerationJob& job, const EndpointContext& context) {
+  // Outputs wake the wait at every step; the socket is looked at no more often than this.
+  constexpr auto kCheckEvery = std::chrono::milliseconds(100);
+  Clock::time_point checked = Clock::now();
   while (!job.done()) {
-    if (stopping.load()) {
+    if (context.stopping.load()) {
       job.cancel();
       throw ApiError(503, "the server is shutting down");
     }
-    job.wait(std::chrono::milliseconds(500));
+    if (const Clock::time_point now = Clock::now(); now - checked >= kCheckEvery) {
+      checked = now;
+      if (context.client_gone && context.client_gone()) {
+        job.cancel();
+        log_info("the client closed its connection; request cancelled");
+        throw ApiError(499, "the client closed the connection");
+      }
+    }
+    job.wait(kCheckEvery);
   }
 }
 
@@ -93,6 +104,7 @@ struct StreamState {
   std::shared_ptr<GenerationJob> job;
   StreamFormatter formatter;
   const std::atomic<bool>* stopping;
+  std::function<bool()> client_gone;
   bool ended = false;
   Clock::time_point last_write = Clock::now();
 };
@@ -103,6 +115,12 @@ bool pump(StreamState& state, httplib::DataSink& sink) {
   if (state.ended) {
     sink.done();
     return true;
+  }
+  // A write fails only once the client is gone and something is written: a stream still queued
+  // behind others writes nothing but a ping every few seconds, so the socket is asked directly.
+  if (state.client_gone && state.client_gone()) {
+    state.job->cancel();
+    return false;
   }
   std::string out;
   if (state.stopping->load()) {
@@ -133,7 +151,8 @@ bool pump(StreamState& state, httplib::DataSink& sink) {
 
 void stream_response(httplib::Response& res, std::shared_ptr<GenerationJob> job, StreamFormatter formatter,
                      EndpointContext& context) {
-  auto state = std::make_shared<StreamState>(StreamState{std::move(job), std::move(formatter), &context.stopping});
+  auto state = std::make_shared<StreamState>(
+      StreamState{std::move(job), std::move(formatter), &context.stopping, context.client_gone});
   std::atomic<int>* open_streams = &context.open_streams;
   ++*open_streams;
   res.set_header("Cache-Control", "no-cache");

@@ -24,6 +24,7 @@ struct EndpointContext {
   std::shared_ptr<ServedModel> model;  // loaded
   const std::atomic<bool>& stopping;
   std::atomic<int>& open_streams;  // lets shutdown wait for streams to end cleanly
+  std::function<bool()> client_gone;  // true once the client closed its connection
   const std::string& response_model() const { return config.served_model_names.front(); }
 };
 
@@ -45,8 +46,10 @@ RequestParams make_params(const GenerationOptions& options, const ServedModel& m
                           const ConstraintFactory& constraint);
 void check_sampling(const RequestParams& params);
 
-// Blocks until every choice finished; ApiError 503 when the server stops first.
-void run_to_completion(GenerationJob& job, const std::atomic<bool>& stopping);
+// Blocks until every choice finished; ApiError 503 when the server stops first. A client that
+// closes its connection meanwhile has the job cancelled, so its sequences leave the engine at the
+// next step, and gets ApiError 499 (nginx's "client closed request", for the log).
+void run_to_completion(GenerationJob& job, const EndpointContext& context);
 
 struct StreamFormatter {
   std::function<std::string(const std::vector<ChoiceUpdate>&)> updates;  // SSE text for some updates

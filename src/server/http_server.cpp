@@ -1,10 +1,18 @@
 #include "server/http_server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
@@ -25,6 +33,76 @@ class HttpListener : public httplib::Server {
     if (fd != INVALID_SOCKET) ::listen(fd, SOMAXCONN);
   }
 };
+
+// Address and port of a socket name, in the numeric text httplib puts in a Request.
+bool socket_name(const sockaddr_storage& address, std::string& host, int& port) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (address.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(address);
+    port = ntohs(v4.sin_port);
+    if (!inet_ntop(AF_INET, &v4.sin_addr, text, sizeof text)) return false;
+  } else if (address.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(address);
+    port = ntohs(v6.sin6_port);
+    if (!inet_ntop(AF_INET6, &v6.sin6_addr, text, sizeof text)) return false;
+  } else {
+    return false;
+  }
+  host = text;
+  return true;
+}
+
+struct ConnectionEnds {
+  std::string remote_addr, local_addr;
+  int remote_port = -1, local_port = -1;
+};
+
+// The socket a request came in on. Debian's httplib (0.11) gives handlers neither the socket
+// nor Request::is_connection_closed (added in later versions), but the request carries both ends'
+// addresses, and those name exactly one connected socket of this process. INVALID_SOCKET when
+// none matches (the request then just cannot be seen to disconnect).
+socket_t connection_socket(const ConnectionEnds& ends) {
+  const auto unscoped = [](const std::string& host) { return host.substr(0, host.find('%')); };
+  const std::string remote = unscoped(ends.remote_addr), local = unscoped(ends.local_addr);
+  DIR* fds = ::opendir("/proc/self/fd");
+  if (!fds) return INVALID_SOCKET;
+  socket_t found = INVALID_SOCKET;
+  while (const dirent* entry = ::readdir(fds)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0') continue;
+    sockaddr_storage address{};
+    socklen_t length = sizeof address;
+    std::string host;
+    int port = -1;
+    if (::getsockname(int(fd), reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
+        !socket_name(address, host, port) || port != ends.local_port || host != local)
+      continue;
+    length = sizeof address;
+    if (::getpeername(int(fd), reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
+        !socket_name(address, host, port) || port != ends.remote_port || host != remote)
+      continue;
+    found = socket_t(fd);
+    break;
+  }
+  ::closedir(fds);
+  return found;
+}
+
+// True once the client has closed or reset the connection. The request body has been read by
+// then, so a readable socket holds either a pipelined next request (still there) or the end of
+// the stream (gone). A client that only shuts down its sending side also reads as gone, as with
+// newer httplib's is_connection_closed; HTTP clients do not do that while awaiting an answer.
+bool connection_closed(socket_t sock) {
+  if (sock == INVALID_SOCKET) return false;
+  pollfd entry{sock, POLLIN | POLLRDHUP, 0};
+  if (::poll(&entry, 1, 0) <= 0) return false;
+  if (entry.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+  if (!(entry.revents & POLLIN)) return false;
+  char byte;
+  const ssize_t n = ::recv(sock, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = {}) {
   res.status = status;
@@ -96,7 +174,14 @@ struct OpenAiServer::Impl {
         if (too_large || res.status == 413)
           throw ApiError(413, fmt::format("the request body is larger than {} bytes", config.max_body_bytes));
         if (!ok) throw ApiError(400, "the request body could not be read");
-        EndpointContext context{config, metrics, ready_model(), stopping, open_streams};
+        // Found on first use: most requests finish without ever asking.
+        auto connection = std::make_shared<std::optional<socket_t>>();
+        const ConnectionEnds ends{req.remote_addr, req.local_addr, req.remote_port, req.local_port};
+        auto client_gone = [connection, ends] {
+          if (!*connection) *connection = connection_socket(ends);
+          return connection_closed(**connection);
+        };
+        EndpointContext context{config, metrics, ready_model(), stopping, open_streams, client_gone};
         handler(context, body, res);
       })(req, res);
     });

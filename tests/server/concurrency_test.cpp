@@ -1,6 +1,6 @@
 // Many clients at once, and clients that leave: batching must not change anyone's tokens, a
-// client that disconnects mid-stream must give its KV blocks back, and past the queue bound
-// clients are told to come back later without harm to the rest.
+// client that disconnects (mid-stream or while awaiting a whole answer) must give its KV blocks
+// back, and past the queue bound clients are told to come back later without harm to the rest.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -127,6 +127,63 @@ TEST(ServerConcurrency, ADisconnectedStreamFreesItsKvBlocks) {
   // It was cancelled, not run to its 4000 tokens.
   EXPECT_LT(metric_value(after, "anvil:generation_tokens_total") - generated_before, 3000);
   EXPECT_EQ(get(server, "/health").status, 200);
+}
+
+// Polls /metrics until `done` holds for the text (about five seconds at most); the last text.
+template <typename Predicate>
+std::string wait_for_metrics(ServerProcess& server, Predicate done) {
+  std::string text;
+  for (int i = 0; i < 250; ++i) {
+    text = get(server, "/metrics").body;
+    if (done(text)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return text;
+}
+
+TEST(ServerConcurrency, ADisconnectedWholeResponseClientIsCancelled) {
+  ServerProcess& server = tiny_server();
+  const auto running = [](const std::string& text) { return metric_value(text, "anvil:num_requests_running"); };
+  const auto kv_usage = [](const std::string& text) { return metric_value(text, "anvil:kv_cache_usage_perc"); };
+  const double generated_before = metric_value(get(server, "/metrics").body, "anvil:generation_tokens_total");
+
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    SCOPED_TRACE(path);
+    // Not streamed: nothing is written to the client until the very end, so only watching the
+    // socket can notice that it left.
+    Json body = {{"max_tokens", 4000}, {"ignore_eos", true}, {"temperature", 0}};
+    ServerProcess* target = &server;
+    if (std::string(path) == "/v1/completions") {
+      body["prompt"] = {1, 2, 3, 4, 5, 6, 7, 8};
+    } else {
+      target = &qwen_server();  // the tiny gpt-oss has no tokenizer, so no chat
+      body["messages"] = {{{"role", "user"}, {"content", "count forever"}}};
+      body["max_tokens"] = 3500;  // qwen3-tiny writes about 2000 tokens a second
+    }
+    const double target_before = metric_value(get(*target, "/metrics").body, "anvil:generation_tokens_total");
+    const std::string payload = body.dump();
+    {
+      RawClient client(target->port());
+      ASSERT_TRUE(client.connected());
+      ASSERT_TRUE(client.send_all(std::string("POST ") + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                  "Content-Length: " + std::to_string(payload.size()) + "\r\n\r\n" + payload));
+      const std::string during = wait_for_metrics(*target, [&](const std::string& text) { return running(text) == 1; });
+      ASSERT_EQ(running(during), 1) << during;
+      EXPECT_GT(kv_usage(during), 0);
+    }  // the connection closes here, the answer still being generated
+    const std::string after = wait_for_metrics(
+        *target, [&](const std::string& text) { return running(text) == 0 && kv_usage(text) == 0; });
+    EXPECT_EQ(running(after), 0) << after;
+    EXPECT_EQ(metric_value(after, "anvil:num_requests_waiting"), 0) << after;
+    EXPECT_EQ(kv_usage(after), 0) << after;
+    // It was cancelled, not run to the end of its max_tokens.
+    EXPECT_LT(metric_value(after, "anvil:generation_tokens_total") - target_before, body["max_tokens"].get<double>() * 0.75);
+    EXPECT_EQ(get(*target, "/health").status, 200);
+  }
+  // The server goes on answering.
+  const HttpResult next = post(server, "/v1/completions", Json{{"prompt", {1, 2, 3}}, {"max_tokens", 2}});
+  EXPECT_EQ(next.status, 200) << next.body;
+  EXPECT_GT(metric_value(get(server, "/metrics").body, "anvil:generation_tokens_total"), generated_before);
 }
 
 TEST(ServerConcurrency, AFullQueueAnswers503WithRetryAfterAndLosesNothing) {
