@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <mutex>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "formats/chat_chatml.h"
 #include "formats/chat_harmony.h"
@@ -45,6 +47,76 @@ std::string object_schema(const std::string& parameters) {
   return parameters.empty() ? std::string(R"({"type":"object"})") : parameters;
 }
 
+// A ChatML reply forced by the constraint: the forced prefix, then JSON (the answer, or the body of
+// the one tool call), then the end of the turn. Everything after the prefix is the JSON, whatever
+// tags its strings spell.
+class ForcedChatMlParser : public ChatOutputParser {
+ public:
+  ForcedChatMlParser(const Tokenizer& tokenizer, size_t prefix_tokens, bool tool_call)
+      : decoder_(tokenizer, /*skip_special=*/true), skip_(prefix_tokens), tool_call_(tool_call) {}
+
+  ChatDelta push(int32_t id) override {
+    ChatDelta delta;
+    if (skip_ > 0) {
+      --skip_;  // the constraint wrote exactly these tokens
+      return delta;
+    }
+    take(decoder_.push(id), delta);
+    return delta;
+  }
+
+  ChatDelta finish() override {
+    ChatDelta delta;
+    take(decoder_.finish(), delta);
+    if (tool_call_ && !call_done_) {
+      call_done_ = true;
+      complete_call(delta);
+    }
+    return delta;
+  }
+
+  ParsedOutput result() const override { return result_; }
+
+ private:
+  void take(const std::string& text, ChatDelta& delta) {
+    if (tool_call_) {
+      body_ += text;
+    } else {
+      delta.content += text;
+      result_.content += text;
+    }
+  }
+
+  // As ChatMlStreamParser completes a call: {"name", "arguments"} with the arguments as compact
+  // JSON, or, when max_tokens cut the JSON short, the text as content.
+  void complete_call(ChatDelta& delta) {
+    using OrderedJson = nlohmann::ordered_json;  // the arguments keep the model's key order
+    const OrderedJson parsed = OrderedJson::parse(body_, nullptr, /*allow_exceptions=*/false);
+    const auto name = parsed.is_object() ? parsed.find("name") : parsed.end();
+    if (name == parsed.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) {
+      delta.content += body_;
+      result_.content += body_;
+      return;
+    }
+    std::string arguments = "{}";
+    if (const auto found = parsed.find("arguments"); found != parsed.end() && found->is_string()) {
+      arguments = found->get<std::string>();
+    } else if (found != parsed.end() && !found->is_null()) {
+      arguments = found->dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+    }
+    ToolCall call{make_tool_call_id(), name->get<std::string>(), std::move(arguments)};
+    delta.tool_calls.push_back(ToolCallDelta{0, call.id, call.name, call.arguments_json});
+    result_.tool_calls.push_back(std::move(call));
+  }
+
+  StreamDecoder decoder_;
+  size_t skip_;
+  bool tool_call_;
+  bool call_done_ = false;
+  std::string body_;
+  ParsedOutput result_;
+};
+
 }  // namespace
 
 ConstraintFactory json_constraint(const StructuredOutput& structured, const Tokenizer& tokenizer) {
@@ -83,6 +155,9 @@ RenderedPrompt ChatFormat::render(const ChatRequest& request) const {
   ChatRenderOptions options;
   options.add_generation_prompt = request.add_generation_prompt;
   RenderedPrompt prompt;
+  const bool forced_call = request.tool_choice == ToolChoice::Required || request.tool_choice == ToolChoice::Named;
+  if (forced_call) prompt.forced = ForcedReply::ToolCall;
+  else if (request.options.structured.kind != StructuredOutput::Kind::None) prompt.forced = ForcedReply::JsonAnswer;
   try {
     if (kind_ == ChatFormatKind::Harmony) {
       options.reasoning_effort = harmony_effort(request.reasoning_effort);
@@ -96,44 +171,57 @@ RenderedPrompt ChatFormat::render(const ChatRequest& request) const {
   } catch (const Error& error) {
     bad_request("messages", "{}", error.what());
   }
+  // Only the generation prompt (after the last <|im_start|>) can leave the reply inside a think
+  // block: <think> is not a special token, so a user message mentioning it encodes to its id too.
   const auto think = tokenizer_->token_id("<think>");
   const auto think_end = tokenizer_->token_id("</think>");
+  const auto im_start = tokenizer_->token_id("<|im_start|>");
   if (think && think_end) {
     for (auto it = prompt.ids.rbegin(); it != prompt.ids.rend(); ++it) {
-      if (*it == *think_end) break;
+      if (*it == *think_end || (im_start && *it == *im_start)) break;
       if (*it == *think) {
         prompt.starts_in_reasoning = true;
         break;
       }
     }
   }
+
+  if (prompt.forced != ForcedReply::None) {
+    // Skip the reasoning rather than leave it unconstrained: close the block the prompt opened,
+    // or write an empty one, as the template's enable_thinking=false does.
+    std::string prefix;
+    if (prompt.starts_in_reasoning) prefix = "\n</think>\n\n";
+    else if (prompt.thinking_enabled) prefix = "<think>\n\n</think>\n\n";
+    if (prompt.forced == ForcedReply::ToolCall) prefix += "<tool_call>\n";
+    prompt.forced_prefix = encode(prefix);
+  }
   return prompt;
 }
 
 std::unique_ptr<ChatOutputParser> ChatFormat::make_parser(const RenderedPrompt& prompt) const {
+  // Harmony's parser acts only on special tokens, which constrained text never holds, so it reads
+  // a forced reply as it is.
   if (kind_ == ChatFormatKind::Harmony) return std::make_unique<HarmonyStreamParser>(*tokenizer_);
+  if (prompt.forced != ForcedReply::None)
+    return std::make_unique<ForcedChatMlParser>(*tokenizer_, prompt.forced_prefix.size(),
+                                                prompt.forced == ForcedReply::ToolCall);
   return std::make_unique<ChatMlStreamParser>(*tokenizer_, prompt.starts_in_reasoning);
 }
 
 ConstraintFactory ChatFormat::constraint(const ChatRequest& request, const RenderedPrompt& prompt) const {
-  const bool forced_call = request.tool_choice == ToolChoice::Required || request.tool_choice == ToolChoice::Named;
-  if (!forced_call && request.options.structured.kind == StructuredOutput::Kind::None) return {};
+  if (prompt.forced == ForcedReply::None) return {};
   const Tokenizer* tok = tokenizer_;
 
-  // ChatML: a forced answer skips the reasoning block rather than leaving it unconstrained.
-  std::string chatml_prefix;
-  if (kind_ == ChatFormatKind::ChatMl && prompt.starts_in_reasoning) chatml_prefix = "\n</think>\n\n";
-  else if (kind_ == ChatFormatKind::ChatMl && prompt.thinking_enabled) chatml_prefix = "<think>\n\n</think>\n\n";
-
-  if (!forced_call) {
+  if (prompt.forced == ForcedReply::JsonAnswer) {
     ConstraintFactory body = json_constraint(request.options.structured, *tokenizer_);
     std::vector<int32_t> prefix;
     if (kind_ == ChatFormatKind::Harmony) {
+      // The answer goes straight to the final channel: no analysis message comes first.
       prefix = {special("<|channel|>")};
       for (const int32_t id : encode("final")) prefix.push_back(id);
       prefix.push_back(special("<|message|>"));
     } else {
-      prefix = encode(chatml_prefix);
+      prefix = prompt.forced_prefix;
     }
     if (prefix.empty()) return body;
     return [prefix, body] { return std::make_unique<PrefixConstraint>(std::vector<ForcedPrefix>{{prefix, body}}); };
@@ -175,7 +263,7 @@ ConstraintFactory ChatFormat::constraint(const ChatRequest& request, const Rende
   const Json schema = branches.size() == 1 ? branches[0] : Json{{"anyOf", branches}};
   StructuredOutput call{StructuredOutput::Kind::JsonSchema, dump_json(schema), "tools"};
   ConstraintFactory body = json_constraint(call, *tok);
-  const std::vector<int32_t> prefix = encode(chatml_prefix + "<tool_call>\n");
+  const std::vector<int32_t> prefix = prompt.forced_prefix;
   return [prefix, body] { return std::make_unique<PrefixConstraint>(std::vector<ForcedPrefix>{{prefix, body}}); };
 }
 

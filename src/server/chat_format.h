@@ -20,10 +20,20 @@ using ConstraintFactory = std::function<std::unique_ptr<TokenConstraint>()>;
 
 enum class ChatFormatKind { None, Harmony, ChatMl };
 
+// A reply the request forces through constraint(): a JSON answer (response_format) or a tool call
+// (tool_choice required or named). Either skips reasoning: Harmony writes it straight on the final
+// channel (or as a commentary call), ChatML after an empty or closed <think> block, so the
+// constraint never shapes reasoning and the reply is never read as reasoning.
+enum class ForcedReply { None, JsonAnswer, ToolCall };
+
 struct RenderedPrompt {
   std::vector<int32_t> ids;
-  bool starts_in_reasoning = false;  // ChatML: the prompt left a <think> open
+  bool starts_in_reasoning = false;  // ChatML: the generation prompt left a <think> open
   bool thinking_enabled = true;      // ChatML: no empty <think></think> was appended
+  ForcedReply forced = ForcedReply::None;
+  // ChatML: what the forced reply starts with before its JSON (closing or skipping the think block,
+  // then "<tool_call>\n" for a call). Harmony's headers are built by constraint().
+  std::vector<int32_t> forced_prefix;
 };
 
 class ChatFormat {
@@ -34,6 +44,8 @@ class ChatFormat {
   // Throws ApiError (400) when the model has no chat format or the messages cannot be rendered.
   RenderedPrompt render(const ChatRequest& request) const;
   std::vector<int32_t> stop_token_ids() const { return stop_ids_; }
+  // A forced ChatML reply gets a parser that reads it by position rather than by tags: its JSON may
+  // hold "</think>" or "<tool_call>" as string data, which the tag parser would act on.
   std::unique_ptr<ChatOutputParser> make_parser(const RenderedPrompt& prompt) const;
   // The constraint for the request's JSON answer or forced tool call; empty when unconstrained.
   // Schemas are checked here, once (ApiError 400), so the factory itself does not fail.

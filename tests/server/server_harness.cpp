@@ -133,8 +133,15 @@ std::string byte_level_char(int byte) {
   return out;
 }
 
-// A Qwen-like byte-level BPE tokenizer filling qwen3-tiny's 1024 ids: bytes 0-255, Qwen3's added
-// tokens at 256-262, and two-letter merges for the rest, so every id the model can emit has text.
+TempDir& model_scratch() {
+  static TempDir dir;
+  return dir;
+}
+
+}  // namespace
+
+fs::path tiny_model_dir() { return fixtures_dir() / "gpt-oss-tiny"; }
+
 Json qwen_like_tokenizer() {
   Json vocab = Json::object();
   for (int byte = 0; byte < 256; ++byte) vocab[byte_level_char(byte)] = byte;
@@ -168,15 +175,6 @@ Json qwen_like_tokenizer() {
             {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
             {"vocab", vocab}, {"merges", merges}}}};
 }
-
-TempDir& model_scratch() {
-  static TempDir dir;
-  return dir;
-}
-
-}  // namespace
-
-fs::path tiny_model_dir() { return fixtures_dir() / "gpt-oss-tiny"; }
 
 ServerProcess& tiny_server() {
   static std::unique_ptr<ServerProcess> server;

@@ -46,6 +46,10 @@ ServerProcess& tiny_server();   // gpt-oss-tiny fixture (no tokenizer), names "t
 ServerProcess& demo_server();   // init-demo gpt-oss with the o200k_harmony tokenizer (harmony chat)
 ServerProcess& qwen_server();   // qwen3-tiny fixture with a byte-level tokenizer (ChatML chat)
 std::filesystem::path tiny_model_dir();
+// A Qwen-like byte-level BPE tokenizer.json filling qwen3-tiny's 1024 ids: bytes 0-255, Qwen3's
+// added tokens at 256-262, and two-letter merges for the rest, so every id the model can emit has
+// text. qwen_server() serves it; unit tests load it directly.
+Json qwen_like_tokenizer();
 
 struct HttpResult {
   int status = 0;

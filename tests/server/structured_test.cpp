@@ -175,5 +175,84 @@ TEST(ServerStructuredOutput, ForcedToolCallsAreValidCalls) {
   }
 }
 
+// The reply a request forces is written after reasoning is skipped (Harmony: on the final channel
+// or as a commentary call; Qwen3: after an empty think block), and read as the JSON it is even
+// where its strings spell the format's tags.
+TEST(ServerStructuredOutput, ForcedRepliesSkipReasoningAndTagTextStaysData) {
+  const Json schema = Json::parse(R"({
+    "type": "object",
+    "properties": {
+      "open": {"const": "<think>"},
+      "tag": {"enum": ["</think>", "<tool_call>", "</tool_call>", "<|end|>", "<|channel|>final<|message|>"]}
+    },
+    "required": ["open", "tag"],
+    "additionalProperties": false
+  })");
+  const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "tag", "parameters": {"type": "object",
+    "properties": {"text": {"enum": ["</tool_call>", "<think>", "</think>"]}}, "required": ["text"],
+    "additionalProperties": false}}}])");
+  for (ServerProcess* server : {&qwen_server(), &demo_server()}) {
+    for (const bool stream : {false, true}) {
+      SCOPED_TRACE(std::string(server == &demo_server() ? "harmony" : "chatml") + (stream ? " streamed" : ""));
+      // Thinking is on (Qwen3's default), so the reply must skip it.
+      const Json answer = {{"messages", {{{"role", "user"}, {"content", "Name a tag."}}}}, {"max_tokens", 200},
+                           {"temperature", 1.0}, {"seed", 11}, {"n", 3}, {"stream", stream},
+                           {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "t"}, {"schema", schema}}}}}};
+      const Json call = {{"messages", {{{"role", "user"}, {"content", "Call it."}}}}, {"max_tokens", 200},
+                         {"temperature", 1.0}, {"seed", 5}, {"n", 3}, {"stream", stream}, {"tools", tools},
+                         {"tool_choice", "required"}};
+      for (const Json& body : {answer, call}) {
+        const bool calling = body.contains("tools");
+        std::vector<std::string> content(3), reasoning(3), arguments(3), names(3);
+        if (stream) {
+          const SseStream events = post_stream(*server, "/v1/chat/completions", body);
+          ASSERT_TRUE(events.done) << events.raw;
+          for (const Json& event : events.events)
+            for (const Json& c : event.value("choices", Json::array())) {
+              const size_t i = c.at("index");
+              const Json& delta = c.at("delta");
+              if (delta.contains("content") && delta["content"].is_string()) content[i] += delta["content"].get<std::string>();
+              for (const char* field : {"reasoning", "reasoning_content"})
+                if (delta.contains(field) && delta[field].is_string()) reasoning[i] += delta[field].get<std::string>();
+              for (const Json& piece : delta.value("tool_calls", Json::array())) {
+                if (piece["function"].contains("name")) names[i] = piece["function"]["name"];
+                arguments[i] += piece["function"].value("arguments", "");
+              }
+            }
+        } else {
+          const HttpResult result = post(*server, "/v1/chat/completions", body);
+          ASSERT_EQ(result.status, 200) << result.body;
+          for (const Json& c : result.json.at("choices")) {
+            const size_t i = c.at("index");
+            const Json& message = c.at("message");
+            EXPECT_TRUE(message.at("reasoning").is_null()) << result.body;
+            if (message.at("content").is_string()) content[i] = message["content"];
+            for (const Json& tool : message.value("tool_calls", Json::array())) {
+              names[i] = tool["function"]["name"];
+              arguments[i] = tool["function"]["arguments"];
+            }
+            EXPECT_EQ(c.at("finish_reason"), calling ? "tool_calls" : "stop") << result.body;
+          }
+        }
+        for (size_t i = 0; i < 3; ++i) {
+          EXPECT_EQ(reasoning[i], "") << "choice " << i;
+          std::string why;
+          if (calling) {
+            EXPECT_EQ(content[i], "") << "choice " << i;
+            EXPECT_EQ(names[i], "tag") << "choice " << i;
+            const Json parsed = Json::parse(arguments[i], nullptr, false);
+            EXPECT_TRUE(!parsed.is_discarded() && validates(parsed, tools[0]["function"]["parameters"], why))
+                << "choice " << i << ": " << arguments[i] << " " << why;
+          } else {
+            const Json parsed = Json::parse(content[i], nullptr, false);
+            EXPECT_TRUE(!parsed.is_discarded() && validates(parsed, schema, why))
+                << "choice " << i << ": " << content[i] << " " << why;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace anvil::test
