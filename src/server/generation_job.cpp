@@ -146,6 +146,11 @@ void GenerationJob::emit_text(Choice& choice, ChoiceUpdate& update, const std::s
   choice.result.text += out;
 }
 
+// Stop strings are looked for in content only: reasoning (and tool-call text) never reaches the
+// stop matcher. They delimit the answer; a model that thinks the word must still get to answer.
+// vLLM means the same: a stop string firing inside reasoning was reported as a bug (vllm#14399)
+// and skipped until reasoning ends (vllm#14550); its V1 detokenizer matching over the whole text
+// is reported again as a bug (vllm#38499, vllm#52393). Cutting a tool call would leave invalid JSON.
 void GenerationJob::emit_chat(Choice& choice, ChoiceUpdate& update, const ChatDelta& delta) {
   if (options_.include_reasoning && !delta.reasoning.empty()) {
     update.reasoning += delta.reasoning;

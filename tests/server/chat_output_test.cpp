@@ -1,11 +1,16 @@
 // Chat replies in process, without HTTP: the prefixes a forced reply (JSON answer or tool call)
-// starts with, and how such a reply is parsed.
+// starts with, how such a reply is parsed, and stop strings over reasoning models' output. The
+// engine here is the real one, driven by a model that writes a scripted token sequence, so a
+// reply can be exactly the reasoning and content a test needs.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 
+#include "engine/engine.h"
 #include "formats/tokenizer.h"
 #include "server/chat_format.h"
+#include "server/generation_job.h"
 #include "server/openai_protocol.h"
 #include "server/server_harness.h"
 
@@ -218,6 +223,124 @@ TEST(ChatFormatForcedReply, TagTextInsideForcedJsonIsData) {
   out = parse_all(*parser, concat(header, ht.encode(spelled, false)));
   EXPECT_EQ(out.content, spelled);
   EXPECT_EQ(out.reasoning, "");
+}
+
+// A model that writes a script: after the prompt, token k of the script at generated position
+// k, then `end` forever. Its KV cache is never read.
+class ScriptedModel : public Model {
+ public:
+  ScriptedModel(ModelConfig config, int64_t prompt_length, std::vector<int32_t> script, int32_t end)
+      : Model(std::move(config), make_dummy_weights(0)), prompt_length_(prompt_length), script_(std::move(script)), end_(end) {}
+  size_t weight_bytes_per_token() const override { return 0; }
+  void forward(const StepBatch& batch, std::vector<KvGroupStorage>&, float* logits) override {
+    const int64_t vocab = config_.vocab_size;
+    int64_t row = 0;
+    for (const SequenceStep& seq : batch.sequences) {
+      if (!seq.need_logits) continue;
+      const int64_t generated = seq.start_pos + seq.num_tokens - prompt_length_;
+      const int32_t next = generated >= 0 && generated < int64_t(script_.size()) ? script_[size_t(generated)] : end_;
+      std::fill(logits + row * vocab, logits + (row + 1) * vocab, 0.0f);
+      logits[row * vocab + next] = 10.0f;
+      ++row;
+    }
+  }
+
+ private:
+  int64_t prompt_length_;
+  std::vector<int32_t> script_;
+  int32_t end_;
+};
+
+struct ScriptedReply {
+  server::ChoiceResult result;
+  std::string streamed_text, streamed_reasoning;
+};
+
+// Runs one chat request whose reply is `script` through the engine and a GenerationJob, with
+// the request's stop strings, as the chat endpoint does.
+ScriptedReply run_scripted(const ChatFormat& format, const Tokenizer& tokenizer, const Json& body,
+                           const std::vector<int32_t>& script, int32_t end) {
+  const server::ChatRequest request = server::parse_chat_request(body);
+  const RenderedPrompt prompt = format.render(request);
+  EngineConfig config;
+  config.kv_blocks_per_group = {64};
+  Engine engine(std::make_unique<ScriptedModel>(config_of("scripted", tokenizer.vocab_size()), int64_t(prompt.ids.size()),
+                                                script, end),
+                config);
+  server::ServerMetrics metrics;
+  server::OutputOptions output;
+  output.tokenizer = &tokenizer;
+  output.make_parser = [&format, prompt] { return format.make_parser(prompt); };
+  output.stop = request.options.stop;
+  server::GenerationJob job(engine, metrics, output);
+  RequestParams params;
+  params.prompt_ids = prompt.ids;
+  params.sampling.temperature = 0.0f;
+  params.max_tokens = int64_t(script.size()) + 4;
+  params.eos_token_ids = {end};
+  params.stop_token_ids = format.stop_token_ids();
+  job.start({server::ChoiceSetup{0, params}}, {int64_t(prompt.ids.size())});
+  ScriptedReply reply;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!job.done() && std::chrono::steady_clock::now() < deadline) {
+    for (const server::ChoiceUpdate& update : job.wait(std::chrono::milliseconds(100))) {
+      reply.streamed_text += update.text;
+      reply.streamed_reasoning += update.reasoning;
+    }
+  }
+  EXPECT_TRUE(job.done());
+  reply.result = job.result(0);
+  return reply;
+}
+
+// vLLM means stop strings for the answer: its reasoning-parser path skipped them inside reasoning
+// (vllm#14550), and their firing inside reasoning in the V1 engine is an open bug there
+// (vllm#38499, vllm#52393). A stop string the model only thinks must not end the reply.
+TEST(StopStrings, ApplyToContentNotReasoning) {
+  const ChatFormat qwen = qwen_format();
+  const Tokenizer& qt = qwen_tokenizer();
+  const int32_t im_end = *qt.token_id("<|im_end|>");
+  const std::vector<int32_t> thought =
+      qt.encode("<think>\nI could say STOP here, or STO\n</think>\n\nP is not it. The answer: STOP, then more", false);
+  const Json body = {{"messages", user_says("hi")}, {"stop", {"STOP"}}};
+  ScriptedReply reply = run_scripted(qwen, qt, body, thought, im_end);
+  EXPECT_EQ(reply.result.reasoning, "I could say STOP here, or STO");
+  EXPECT_EQ(reply.result.text, "P is not it. The answer: ");
+  EXPECT_EQ(reply.result.finish_reason, "stop");
+  EXPECT_EQ(reply.result.stop_reason, "STOP");
+  EXPECT_EQ(reply.streamed_reasoning, reply.result.reasoning);
+  EXPECT_EQ(reply.streamed_text, reply.result.text);
+  // The reply ended at the stop string: the rest of the script was never generated.
+  EXPECT_LT(reply.result.tokens.size(), thought.size());
+
+  // Only reasoning holds it: the reply runs to its end.
+  const std::vector<int32_t> clean = qt.encode("<think>\nSTOP STOP\n</think>\n\nfine", false);
+  reply = run_scripted(qwen, qt, body, clean, im_end);
+  EXPECT_EQ(reply.result.reasoning, "STOP STOP");
+  EXPECT_EQ(reply.result.text, "fine");
+  EXPECT_EQ(reply.result.finish_reason, "stop");
+  EXPECT_TRUE(reply.result.stop_reason.is_null());
+
+  // Harmony: analysis is reasoning, final is content.
+  const ChatFormat harmony = harmony_format();
+  const Tokenizer& ht = harmony_tokenizer();
+  auto special = [&](const char* token) { return *ht.token_id(token); };
+  std::vector<int32_t> script = {special("<|channel|>")};
+  script = concat(script, ht.encode("analysis", false));
+  script.push_back(special("<|message|>"));
+  script = concat(script, ht.encode("Maybe STOP? No.", false));
+  script.push_back(special("<|end|>"));
+  script.push_back(special("<|start|>"));
+  script = concat(script, ht.encode("assistant", false));
+  script.push_back(special("<|channel|>"));
+  script = concat(script, ht.encode("final", false));
+  script.push_back(special("<|message|>"));
+  script = concat(script, ht.encode("Done. STOP here", false));
+  script.push_back(special("<|return|>"));
+  reply = run_scripted(harmony, ht, body, script, special("<|return|>"));
+  EXPECT_EQ(reply.result.reasoning, "Maybe STOP? No.");
+  EXPECT_EQ(reply.result.text, "Done. ");
+  EXPECT_EQ(reply.result.stop_reason, "STOP");
 }
 
 }  // namespace
