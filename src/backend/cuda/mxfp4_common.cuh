@@ -1,0 +1,88 @@
+#pragma once
+// MXFP4 decoding in registers and the shared pieces of the MoE kernels.
+//
+// Decoding: a 32-bit word holds 8 E2M1 codes, code i in nibble i (low nibble = even element). One
+// shift and two masks turn nibbles (i, i+4) into a bf16 pair whose exponent field is the code's
+// 2 exponent bits and whose top mantissa bit is the code's mantissa bit: that is exactly
+// value · 2^-126 for every code, including the subnormal ±0.5 (which becomes a bf16 subnormal;
+// bf16 multiplies keep subnormals, checked on an H200 by the random-code tests). A bf16 multiply
+// by 2^(scale-1) then gives value · 2^(scale-127), exact, as the CPU decoder computes it in
+// float32 (scales above 128 take two multiplies, see scale_multiplier). Because a word yields
+// the pairs (0,4), (1,5), (2,6), (3,7) rather than (0,1), ..., the kernels assign k to mma lanes
+// so that the activation side is read in that same order (see the permutations below).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace anvil::cuda::mxfp4 {
+
+// Nibbles (pair, pair + 4) of `word` as bf16 bits of code · 2^-126. `pair` is a constant after
+// unrolling in every caller.
+__device__ __forceinline__ uint32_t fp4_pair_raw(uint32_t word, int pair) {
+  const uint32_t t = word << (12 - 4 * pair);
+  return (t & 0x80008000u) | ((t & 0x70007000u) >> 6);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// An E8M0 scale byte s as multipliers for the decoded pairs: 2^(s-1) = 2^(min(s,128)-1) ·
+// 2^(max(s,128)-128), each factor a normal bf16. Real checkpoints keep s <= 128 (|weight| <= 12),
+// where the second factor is 1 and is skipped; a warp that sees a larger scale (legal, and the
+// tests make some) votes to apply both.
+__device__ __forceinline__ uint32_t scale_multiplier(uint32_t s) {
+  return ((min(s, 128u) + 126u) << 7) * 0x00010001u;
+}
+__device__ __forceinline__ uint32_t scale_multiplier_high(uint32_t s) {
+  return ((max(s, 128u) - 1u) << 7) * 0x00010001u;
+}
+
+// Pair `pair` of `word` decoded and scaled. kBig (warp-uniform, see scale_multiplier) applies the
+// second factor.
+template <bool kBig>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t word, int pair, uint32_t multiplier, uint32_t multiplier_high) {
+  const uint32_t v = bf16x2_mul(fp4_pair_raw(word, pair), multiplier);
+  return kBig ? bf16x2_mul(v, multiplier_high) : v;
+}
+
+// gpt-oss's clamped SwiGLU, written as the CPU reference (std::min / std::clamp, which pass NaN
+// through) so both sides agree on every input.
+__device__ __forceinline__ float swiglu_oai(float gate, float up, float limit, float alpha) {
+  gate = limit < gate ? limit : gate;
+  up = up < -limit ? -limit : (limit < up ? limit : up);
+  return gate / (1.0f + expf(-alpha * gate)) * (up + 1.0f);
+}
+
+__device__ __forceinline__ uint16_t to_bf16_bits(float value) { return __bfloat16_as_ushort(__float2bfloat16_rn(value)); }
+
+// ---- the k order of the prefill GEMM ----
+// Within each 64-wide k tile, lane quad t reads bytes 8t..8t+7 of a weight row (codes 16t..16t+15,
+// one scale block) and decodes them to pairs P[0..7] = word0 pairs 0-3, word1 pairs 0-3. k16 step s
+// uses P[2s] as the mma's logical k (2t, 2t+1) and P[2s+1] as (2t+8, 2t+9). So logical column
+//   L = 32a + 16b + 8h + 2t + e   (s = 2a + b, h = which half of the step, e = element of the pair)
+// holds physical k
+//   P = 16t + 8a + 4e + 2b + h.
+// The activation operand is stored with its columns in logical order, so ldmatrix hands the mma
+// exactly the k each decoded weight pair stands for.
+__host__ __device__ constexpr int prefill_logical_column(int physical) {
+  const int t = physical >> 4, a = (physical >> 3) & 1, e = (physical >> 2) & 1, b = (physical >> 1) & 1,
+            h = physical & 1;
+  return 32 * a + 16 * b + 8 * h + 2 * t + e;
+}
+
+// ---- the k order of the decode kernel ----
+// Per 128-wide k chunk, lane quad t reads block t (16 bytes, 32 codes, one scale) of a weight row.
+// Its 16 pairs P[j] (word j/4, pair j%4) feed 8 mma steps q: P[2q] as logical k (2t, 2t+1) and
+// P[2q+1] as (2t+8, 2t+9). The activation side loads its 32 values of the chunk (physical k
+// 32t..32t+31) and builds the matching pairs with byte permutes (activation_pairs).
+// For step q: word w = q/2; pairs (2(q%2), 2(q%2)+1) of it; activations x[8w..8w+7] as uint4 u.
+__device__ __forceinline__ void activation_pairs(const uint4& u, int odd_step, uint32_t& b0, uint32_t& b1) {
+  const uint32_t lo = odd_step ? u.y : u.x, hi = odd_step ? u.w : u.z;
+  b0 = __byte_perm(lo, hi, 0x5410);  // (x[i], x[i+4]), i = 2 * odd_step
+  b1 = __byte_perm(lo, hi, 0x7632);  // (x[i+1], x[i+5])
+}
+
+}  // namespace anvil::cuda::mxfp4

@@ -1,0 +1,236 @@
+#pragma once
+// The MoE's bandwidth path (decode: few tokens per expert). A block belongs to one active expert
+// and streams 16-row tiles of its weight matrix exactly once for all the tokens routed to it (up
+// to 8 * kTokenTiles per pass; more tokens take further passes). The weight rows are the mma's A
+// operand (m16), the tokens its B operand (n8), so each weight byte costs a few ALU ops to
+// decode and nothing else; activations come from L1/L2.
+#include <type_traits>
+
+#include "backend/cuda/gemm_common.cuh"
+#include "backend/cuda/mxfp4_common.cuh"
+#include "backend/cuda/mxfp4_moe.cuh"
+
+namespace anvil::cuda::moe {
+
+constexpr int kDecodeWarps = 4;
+// Weight chunks (1 KB per warp each) in flight per warp. They land in a per-warp ring in shared
+// memory through cp.async, which holds far more bytes in flight than registers could: batch 1
+// reads each expert's slice with few warps per SM, so depth is what reaches bandwidth. Each lane
+// reads back only the 32 bytes it copied itself, so no barrier is needed (cp.async.wait_group
+// makes a thread's own copies visible to it). Token rows and scales (L1/L2-resident) are fetched
+// one chunk ahead in registers where registers allow (up to 16 tokens per pass).
+constexpr int kDecodeStages = 4;  // 2, 4, 6 and 8 measured the same at batch 1; 4 was best at 32-64
+template <int kTokenTiles>
+constexpr bool kDecodePrefetchX = kTokenTiles <= 2;
+// Resident warps per SM at each width's register cap (for choosing the k split).
+template <int kTokenTiles>
+constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 12;
+
+// Warp w of a block works on row tile blockIdx.x * (kDecodeWarps / kSplitK) + w / kSplitK and
+// takes every kSplitK-th chunk of k starting at w % kSplitK; the kSplitK partial sums are added
+// in a fixed order in shared memory. Splitting k gives the GPU enough warps to keep the memory
+// busy when few experts are active (batch 1).
+// Occupancy: 8-12 warps per SM; the register caps this implies (168 / 255) are met without
+// spills.
+template <int kTokenTiles, int kSplitK, bool kGateUp>
+__global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : 3)
+    moe_decode_kernel(ExpertProduct p, Routing r) {
+  static_assert(kDecodeWarps % kSplitK == 0, "k split within a block");
+  using namespace gemm;
+  using namespace mxfp4;
+  const int active_index = blockIdx.y;
+  if (active_index >= r.header[kNumActive]) return;  // whole block: no barrier is skipped
+  const int expert = r.active[active_index];
+  const int begin = r.offsets[expert], count = r.offsets[expert + 1] - begin;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int kpart = warp % kSplitK;
+  const int row0 = (blockIdx.x * (kDecodeWarps / kSplitK) + warp / kSplitK) * 16;
+  const int blocks_per_row = p.k / 32;
+  const int chunks = (blocks_per_row + 3) / 4;
+  const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
+  // Rows past N read row N-1 (never stored), so the loop needs no row test.
+  const int row_a = min(row0 + g, p.n - 1), row_b = min(row0 + g + 8, p.n - 1);
+  const int64_t base_a = int64_t(expert) * p.n + row_a, base_b = int64_t(expert) * p.n + row_b;
+  const uint8_t* wa = p.blocks + base_a * blocks_per_row * 16 + t * 16;
+  const uint8_t* wb = p.blocks + base_b * blocks_per_row * 16 + t * 16;
+  const uint8_t* sa = p.scales + base_a * blocks_per_row + t;
+  const uint8_t* sb = p.scales + base_b * blocks_per_row + t;
+
+  // ring[warp][stage][row a / row b][lane]: 16 bytes each.
+  __shared__ uint4 ring[kDecodeWarps][kDecodeStages][2][32];
+  __shared__ float4 partial[kSplitK > 1 ? kDecodeWarps : 1][kTokenTiles][32];
+  const uint32_t ring_lane = smem_u32(&ring[warp][0][0][lane]);
+
+  // Chunk i of this warp is c = kpart + i * kSplitK; lane quad t takes its block 4c + t. Chunks
+  // past the end are zero-filled / zero without touching memory (the product then adds nothing).
+  auto chunk_ok = [&](int i) { return i < my_chunks && 4 * (kpart + i * kSplitK) + t < blocks_per_row; };
+  auto issue_weights = [&](int i) {
+    const int c = kpart + i * kSplitK;
+    const bool ok = chunk_ok(i);
+    const uint32_t dst = ring_lane + uint32_t((i % kDecodeStages) * 2 * 32 * 16);
+    cp_async_16(dst, ok ? wa + int64_t(c) * 64 : p.blocks, ok);
+    cp_async_16(dst + 32 * 16, ok ? wb + int64_t(c) * 64 : p.blocks, ok);
+    cp_async_commit();
+  };
+  struct Scales {
+    uint32_t a, b;
+  };
+  auto load_scales = [&](int i) {
+    const int c = kpart + i * kSplitK;
+    const bool ok = chunk_ok(i);
+    return Scales{load_cached_u8(sa + c * 4, ok), load_cached_u8(sb + c * 4, ok)};
+  };
+  // Token columns past the expert's count read the first token's row: the mma keeps columns
+  // apart, and those columns are never stored.
+  const uint16_t* xr[kTokenTiles];
+  auto load_tokens = [&](int i, uint4 (&dst)[kTokenTiles][4]) {
+    const int c = kpart + i * kSplitK;
+    const bool ok = chunk_ok(i);
+#pragma unroll
+    for (int n = 0; n < kTokenTiles; ++n)
+#pragma unroll
+      for (int w = 0; w < 4; ++w) dst[n][w] = load_cached_16(xr[n] + c * 128 + w * 8, ok);
+  };
+  // Two accumulator sets (even / odd words) halve the chain of dependent mma per chunk.
+  float acc[2][kTokenTiles][4];
+  // One chunk: word w of the lane's block feeds mma steps 2w, 2w+1 (mxfp4_common.cuh).
+  auto multiply = [&](const uint4& wa4, const uint4& wb4, Scales sc, const uint4 (&xs)[kTokenTiles][4], auto big_tag) {
+    constexpr bool kBig = decltype(big_tag)::value;
+    const uint32_t mul_a = scale_multiplier(sc.a), mul_b = scale_multiplier(sc.b);
+    const uint32_t high_a = scale_multiplier_high(sc.a), high_b = scale_multiplier_high(sc.b);
+    const uint32_t words_a[4] = {wa4.x, wa4.y, wa4.z, wa4.w};
+    const uint32_t words_b[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t pa[4], pb[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        pa[i] = decode_pair<kBig>(words_a[w], i, mul_a, high_a);
+        pb[i] = decode_pair<kBig>(words_b[w], i, mul_b, high_b);
+      }
+#pragma unroll
+      for (int n = 0; n < kTokenTiles; ++n)
+#pragma unroll
+        for (int odd = 0; odd < 2; ++odd) {
+          uint32_t b0, b1;
+          activation_pairs(xs[n][w], odd, b0, b1);
+          mma_bf16_16816(acc[w % 2][n], pa[2 * odd], pb[2 * odd], pa[2 * odd + 1], pb[2 * odd + 1], b0, b1);
+        }
+    }
+  };
+  // Step i (warp-uniform): refill the ring, wait for chunk i, multiply it.
+  auto step = [&](int i, Scales sc, const uint4 (&xs)[kTokenTiles][4]) {
+    issue_weights(i + kDecodeStages - 1);
+    cp_async_wait<kDecodeStages - 1>();
+    const int stage = i % kDecodeStages;
+    const uint4 wa4 = ring[warp][stage][0][lane], wb4 = ring[warp][stage][1][lane];
+    // Scales above 128 need the second multiply; the vote keeps the branch warp-uniform.
+    if (__any_sync(0xffffffffu, sc.a > 128 || sc.b > 128))
+      multiply(wa4, wb4, sc, xs, std::true_type{});
+    else
+      multiply(wa4, wb4, sc, xs, std::false_type{});
+  };
+
+  for (int tok0 = 0; tok0 < count; tok0 += 8 * kTokenTiles) {
+#pragma unroll
+    for (int n = 0; n < kTokenTiles; ++n) {
+      const int token = tok0 + n * 8 + g < count ? tok0 + n * 8 + g : 0;
+      const int64_t row = kGateUp ? r.sorted_slot[begin + token] / p.top_k : int64_t(begin + token);
+      xr[n] = p.a + row * p.k + t * 32;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[0][n][j] = acc[1][n][j] = 0.0f;
+    }
+
+    for (int j = 0; j < kDecodeStages - 1; ++j) issue_weights(j);
+    if constexpr (kDecodePrefetchX<kTokenTiles>) {
+      // Two chunks per iteration, so the token double buffer's index is a constant.
+      Scales sc[2];
+      uint4 xs[2][kTokenTiles][4];
+      sc[0] = load_scales(0);
+      load_tokens(0, xs[0]);
+      for (int i = 0; i < my_chunks; i += 2) {
+        sc[1] = load_scales(i + 1);
+        load_tokens(i + 1, xs[1]);
+        step(i, sc[0], xs[0]);
+        if (i + 1 < my_chunks) {
+          sc[0] = load_scales(i + 2);
+          load_tokens(i + 2, xs[0]);
+          step(i + 1, sc[1], xs[1]);
+        }
+      }
+    } else {
+      for (int i = 0; i < my_chunks; ++i) {
+        uint4 xs[kTokenTiles][4];
+        load_tokens(i, xs);
+        step(i, load_scales(i), xs);
+      }
+    }
+    // Copies past the end (zero fills) may still be landing in the ring; the next pass reuses it.
+    cp_async_wait<0>();
+#pragma unroll
+    for (int n = 0; n < kTokenTiles; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[0][n][j] += acc[1][n][j];
+
+    if constexpr (kSplitK > 1) {
+#pragma unroll
+      for (int n = 0; n < kTokenTiles; ++n)
+        partial[warp][n][lane] = make_float4(acc[0][n][0], acc[0][n][1], acc[0][n][2], acc[0][n][3]);
+      __syncthreads();
+      if (kpart == 0) {
+        for (int part = 1; part < kSplitK; ++part) {
+#pragma unroll
+          for (int n = 0; n < kTokenTiles; ++n) {
+            const float4 v = partial[warp + part][n][lane];
+            acc[0][n][0] += v.x;
+            acc[0][n][1] += v.y;
+            acc[0][n][2] += v.z;
+            acc[0][n][3] += v.w;
+          }
+        }
+      }
+    }
+
+    if (kpart == 0) {
+      // acc[n] = {D[row g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}, columns are tokens.
+      const bool ok_a = row0 + g < p.n, ok_b = row0 + g + 8 < p.n;
+      const float bias_a = ok_a ? p.bias[int64_t(expert) * p.n + row0 + g] : 0.0f;
+      const float bias_b = ok_b ? p.bias[int64_t(expert) * p.n + row0 + g + 8] : 0.0f;
+#pragma unroll
+      for (int n = 0; n < kTokenTiles; ++n) {
+        float v[4] = {acc[0][n][0] + bias_a, acc[0][n][1] + bias_a, acc[0][n][2] + bias_b, acc[0][n][3] + bias_b};
+        if constexpr (kGateUp) {
+          // Gate rows are even, up rows odd: row g + 1 lives four lanes up.
+          float up[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) up[j] = __shfl_down_sync(0xffffffffu, v[j], 4);
+          if (g % 2 == 0) {
+            const int width = p.n / 2;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const int token = tok0 + n * 8 + 2 * t + (j & 1);
+              const int row = row0 + g + (j >= 2 ? 8 : 0);
+              // row + 1 < N as well, since N is even.
+              if (token < count && row < p.n)
+                p.act[int64_t(begin + token) * width + row / 2] = to_bf16_bits(swiglu_oai(v[j], up[j], p.limit, p.alpha));
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int token = tok0 + n * 8 + 2 * t + (j & 1);
+            const bool ok = j >= 2 ? ok_b : ok_a;
+            if (token < count && ok) {
+              const int64_t slot = r.sorted_slot[begin + token];
+              p.out[slot * p.n + row0 + g + (j >= 2 ? 8 : 0)] = v[j];
+            }
+          }
+        }
+      }
+    }
+    if constexpr (kSplitK > 1) __syncthreads();  // partial[] is rewritten by the next pass
+  }
+}
+
+}  // namespace anvil::cuda::moe

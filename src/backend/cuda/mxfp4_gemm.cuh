@@ -1,0 +1,221 @@
+#pragma once
+// The MoE's tensor-core path (prefill: many tokens per expert). A grouped GEMM over row tiles of
+// the expert-sorted activations: block (tile, n) multiplies kBM sorted rows of one expert by a
+// 128-row slice of that expert's MXFP4 matrix. Activations (bf16, columns pre-permuted, see
+// mxfp4_common.cuh) and raw weight bytes flow through a multi-stage cp.async pipeline; each warp
+// decodes its own weight fragments from shared memory into registers (W4A16) and feeds
+// mma.sync m16n8k16. Shared memory stays under SM120's 99 KB.
+#include <type_traits>
+
+#include "backend/cuda/gemm_common.cuh"
+#include "backend/cuda/mxfp4_common.cuh"
+#include "backend/cuda/mxfp4_moe.cuh"
+
+namespace anvil::cuda::moe {
+
+template <int kBM_, int kWarpsM_, int kWarpsN_, int kStages_, int kMinBlocks_>
+struct MoeGemmConfig {
+  static constexpr int kBM = kBM_, kBN = 128, kBK = 64, kStages = kStages_, kMinBlocks = kMinBlocks_;
+  static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kThreads = kWarpsM * kWarpsN * 32;
+  static constexpr int kWarpM = kBM / kWarpsM, kWarpN = kBN / kWarpsN;
+  static constexpr int kMTiles = kWarpM / 16, kNTiles = kWarpN / 8;
+  static constexpr int kABytes = kBM * kBK * 2;  // one stage of activations, 128-byte rows
+  static constexpr int kBBytes = kBN * kBK / 2;  // one stage of weight codes, 32-byte rows
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static_assert(kThreads == 256 && kWarpM % 16 == 0 && kWarpN % 8 == 0, "8 warps tile the block");
+  // Plus the block's scales for all of K, bytes kBN * K/32 (rounded to 16).
+  static size_t smem_bytes(int k) { return size_t(kStages) * kStageBytes + size_t((kBN * (k / 32) + 15) / 16 * 16); }
+};
+
+// Largest K the per-block scale table allows (keeps shared memory under 99 KB at kBM = 128).
+constexpr int kMoeGemmMaxK = 4096;
+
+template <typename Cfg, bool kGateUp>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    moe_gemm_kernel(ExpertProduct p, Routing r) {
+  constexpr int kBM = Cfg::kBM;
+  using namespace gemm;
+  using namespace mxfp4;
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int tile = blockIdx.x;
+  if (tile >= r.header[kNumTiles]) return;  // whole block, before any barrier
+  const int expert = r.tile_expert[tile];
+  const int row_begin = r.tile_row[tile];
+  const int rows = min(kBM, r.offsets[expert + 1] - row_begin);
+  const int n0 = blockIdx.y * Cfg::kBN;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
+  const int g = lane / 4, t = lane % 4;
+  const int blocks_per_row = p.k / 32;  // scale columns
+  const int k_tiles = p.k / Cfg::kBK;
+
+  // The block's scales for every k: [kBN][K/32] bytes, behind the pipeline stages. Plain loads;
+  // the first barrier of the main loop publishes them.
+  uint8_t* scale_table = smem + Cfg::kStages * Cfg::kStageBytes;
+  {
+    const int valid_rows = min(Cfg::kBN, p.n - n0);
+    const uint8_t* src = p.scales + (int64_t(expert) * p.n + n0) * blocks_per_row;
+    const int total = Cfg::kBN * blocks_per_row, valid = valid_rows * blocks_per_row;
+    for (int i = tid; i < total; i += Cfg::kThreads) scale_table[i] = i < valid ? __ldg(src + i) : uint8_t(0);
+  }
+
+  // Loads: activations kBM rows x 8 chunks, weights kBN rows x 2 chunks per stage.
+  constexpr int kALoads = kBM * 8 / Cfg::kThreads;
+  const int a_chunk = tid % 8;
+  const uint16_t* a_src[kALoads];
+  bool a_ok[kALoads];
+  uint32_t a_dst[kALoads];
+#pragma unroll
+  for (int i = 0; i < kALoads; ++i) {
+    const int row = (tid + i * Cfg::kThreads) / 8;
+    a_ok[i] = row < rows;
+    a_src[i] = p.a + int64_t(row_begin + (a_ok[i] ? row : 0)) * p.k + a_chunk * 8;
+    a_dst[i] = uint32_t(row * 128 + swizzle<8>(row, a_chunk) * 16);
+  }
+  static_assert(Cfg::kBN * 2 == Cfg::kThreads, "one weight chunk per thread per stage");
+  const int b_row = tid / 2, b_half = tid % 2;
+  const bool b_ok = n0 + b_row < p.n;
+  const uint8_t* b_src =
+      p.blocks + ((int64_t(expert) * p.n + n0 + (b_ok ? b_row : 0)) * blocks_per_row) * 16 + b_half * 16;
+  const uint32_t b_dst = uint32_t(Cfg::kABytes + b_row * 32 + b_half * 16);
+
+  const uint32_t smem_base = smem_u32(smem);
+  auto load_stage = [&](int stage, int kt) {
+    const uint32_t base = smem_base + uint32_t(stage * Cfg::kStageBytes);
+#pragma unroll
+    for (int i = 0; i < kALoads; ++i) cp_async_16(base + a_dst[i], a_ok[i] ? a_src[i] + kt * Cfg::kBK : p.a, a_ok[i]);
+    cp_async_16(base + b_dst, b_ok ? b_src + kt * 32 : p.blocks, b_ok);
+  };
+
+  float acc[Cfg::kMTiles][Cfg::kNTiles][4] = {};
+
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  const int a_row = warp_m * Cfg::kWarpM + (lane % 16), a_sub = lane / 16;
+  // Weight rows of this lane: warp_n * kWarpN + nt * 8 + g.
+  const int w_row0 = warp_n * Cfg::kWarpN + g;
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();
+    if (kt + Cfg::kStages - 1 < k_tiles) load_stage((kt + Cfg::kStages - 1) % Cfg::kStages, kt + Cfg::kStages - 1);
+    cp_async_commit();
+
+    const int stage = kt % Cfg::kStages;
+    const uint8_t* b_tile = smem + stage * Cfg::kStageBytes + Cfg::kABytes;
+    const uint32_t a_base = smem_base + uint32_t(stage * Cfg::kStageBytes);
+
+    // This lane's weight bytes for the k tile (8 per row: codes 16t..16t+15, one scale block).
+    uint2 words[Cfg::kNTiles];
+    uint32_t scale[Cfg::kNTiles];
+    bool any_big = false;
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+      const int row = w_row0 + nt * 8;
+      words[nt] = *reinterpret_cast<const uint2*>(b_tile + row * 32 + t * 8);
+      scale[nt] = scale_table[row * blocks_per_row + 2 * kt + t / 2];
+      any_big |= scale[nt] > 128;
+    }
+    // k16 step s takes pairs P[2s], P[2s+1] (P[j] = word j/4, pair j%4), decoded just before use
+    // so the decode of one step overlaps the products of the previous.
+    auto steps = [&](auto big_tag) {
+      constexpr bool kBig = decltype(big_tag)::value;
+      uint32_t mul[Cfg::kNTiles], high[Cfg::kNTiles];
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+        mul[nt] = scale_multiplier(scale[nt]);
+        high[nt] = scale_multiplier_high(scale[nt]);
+      }
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        uint32_t a[Cfg::kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+          const int row = a_row + mt * 16;
+          ldmatrix_x4(a_base + uint32_t(row * 128 + swizzle<8>(row, 2 * ks + a_sub) * 16), a[mt][0], a[mt][1],
+                      a[mt][2], a[mt][3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+          const uint32_t word = ks < 2 ? words[nt].x : words[nt].y;
+          const uint32_t b0 = decode_pair<kBig>(word, 2 * (ks % 2), mul[nt], high[nt]);
+          const uint32_t b1 = decode_pair<kBig>(word, 2 * (ks % 2) + 1, mul[nt], high[nt]);
+#pragma unroll
+          for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+            mma_bf16_16816(acc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+        }
+      }
+    };
+    // Scales above 128 need a second multiply; the vote keeps the branch warp-uniform.
+    if (__any_sync(0xffffffffu, any_big))
+      steps(std::true_type{});
+    else
+      steps(std::false_type{});
+  }
+  cp_async_wait<0>();
+
+  // acc[mt][nt] = {D[r][c], D[r][c+1], D[r+8][c], D[r+8][c+1]}: rows are sorted positions,
+  // columns weight rows c = n0 + warp_n * kWarpN + nt * 8 + 2t (even: a gate/up pair for gate_up).
+#pragma unroll
+  for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+    const int col = n0 + warp_n * Cfg::kWarpN + nt * 8 + 2 * t;
+    if (col >= p.n) continue;  // N is even, so col + 1 < N too
+    const float bias0 = p.bias[int64_t(expert) * p.n + col], bias1 = p.bias[int64_t(expert) * p.n + col + 1];
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp_m * Cfg::kWarpM + mt * 16 + g + half * 8;
+        if (row >= rows) continue;
+        const float v0 = acc[mt][nt][2 * half] + bias0, v1 = acc[mt][nt][2 * half + 1] + bias1;
+        const int64_t position = row_begin + row;
+        if constexpr (kGateUp) {
+          const int j = col / 2, width = p.n / 2;
+          const int column = (j & ~63) + prefill_logical_column(j & 63);
+          p.act[position * width + column] = to_bf16_bits(swiglu_oai(v0, v1, p.limit, p.alpha));
+        } else {
+          const int64_t slot = r.sorted_slot[position];
+          *reinterpret_cast<float2*>(p.out + slot * p.n + col) = make_float2(v0, v1);
+        }
+      }
+    }
+  }
+}
+
+// Prefill input: the sorted rows of h with each 64-column group in the GEMM's logical k order.
+// One block per sorted row: the row is read coalesced into shared memory, then each thread
+// assembles 16-byte output chunks from it. Dynamic shared memory: hidden * 2 bytes.
+__global__ void __launch_bounds__(256)
+    moe_gather_permute_kernel(const uint16_t* __restrict__ h, Routing r, int top_k, int hidden,
+                              uint16_t* __restrict__ out) {
+  extern __shared__ uint4 row_chunks[];
+  const int64_t position = blockIdx.x;
+  if (position >= r.header[kTotalSlots]) return;  // whole block
+  const int64_t token = r.sorted_slot[position] / top_k;
+  const int chunks = hidden / 8;
+  const uint4* src = reinterpret_cast<const uint4*>(h + token * hidden);
+  for (int i = threadIdx.x; i < chunks; i += blockDim.x) row_chunks[i] = __ldg(src + i);
+  __syncthreads();
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(row_chunks);
+  uint4* dst = reinterpret_cast<uint4*>(out + position * hidden);
+  for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
+    // Output chunk q of a group holds output words 4q + e = 16a + 8b + 4h + e (t = e): logical
+    // columns 32a + 16b + 8h + 2e + {0, 1}, i.e. physical k = 16e + 8a + 2b + h + {0, 4}: half h
+    // of input words 8e + 4a + b and that + 2 (mxfp4_common.cuh).
+    const int group = i / 8, q = i % 8;
+    const int a = q >> 2, b = (q >> 1) & 1, half = q & 1;
+    const uint32_t* in = words + group * 32 + 4 * a + b;
+    const uint32_t selector = half ? 0x7632 : 0x5410;
+    uint32_t o[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] = __byte_perm(in[8 * e], in[8 * e + 2], selector);
+    dst[i] = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
+}  // namespace anvil::cuda::moe

@@ -1,0 +1,39 @@
+#pragma once
+// What the MoE kernels share: the routing tables in the workspace and the launch parameters.
+#include <cstdint>
+
+namespace anvil::cuda::moe {
+
+// Routing header fields (int32 each).
+enum Header : int { kTotalSlots = 0, kNumActive = 1, kNumTiles = 2, kHeaderInts = 4 };
+
+// Most experts the routing kernel's shared-memory tables hold.
+constexpr int kMaxExperts = 256;
+
+// The routing tables, built on the device from ids without a host round trip. A "slot" is
+// (token, j) for j < k, numbered token * k + j; slots are sorted by expert, stably.
+struct Routing {
+  int32_t* header = nullptr;       // Header fields
+  int32_t* offsets = nullptr;      // [E + 1]: expert e owns sorted positions [offsets[e], offsets[e+1])
+  int32_t* active = nullptr;       // [E]: experts with at least one slot, ascending; header[kNumActive] valid
+  int32_t* sorted_slot = nullptr;  // [m * k]: slot at each sorted position
+  int32_t* tile_expert = nullptr;  // [max_tiles]: expert of each GEMM row tile
+  int32_t* tile_row = nullptr;     // [max_tiles]: first sorted position of each tile
+};
+
+// One grouped product: out = act(A · W_eᵀ + b_e) over the sorted rows of each expert.
+// gate_up: A = h (gathered by token), N = 2I, K = H; writes bf16 SwiGLU activations [slots, I].
+// down: A = activations, N = H, K = I; writes fp32 [slots, H] at row = slot (token * k + j).
+struct ExpertProduct {
+  const uint16_t* a = nullptr;
+  const uint8_t* blocks = nullptr;  // [E, N, K/32, 16]
+  const uint8_t* scales = nullptr;  // [E, N, K/32]
+  const float* bias = nullptr;      // [E, N]
+  int n = 0, k = 0;                 // N and K
+  int top_k = 0;                    // slots per token (gate_up gathers A rows by slot / top_k)
+  uint16_t* act = nullptr;          // gate_up output
+  float* out = nullptr;             // down output
+  float limit = 0.0f, alpha = 0.0f;
+};
+
+}  // namespace anvil::cuda::moe

@@ -1,0 +1,366 @@
+// cuda::moe_topk_softmax and cuda::moe_mxfp4 against a straightforward CPU MoE built from the
+// reference pieces: cpu::top_k_indices + softmax for routing, linear_forward_reference for the
+// MXFP4 products (bias included), cpu::swiglu_oai in between, and the routing-weighted sum added
+// to the residual. Fresh random data every case; outputs poisoned or pre-filled with random
+// values; both the decode (bandwidth) path and the prefill (tensor-core) path, uneven routing,
+// and scales above 128. The gpt-oss-20b shapes print their speed (informational only).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/runtime.h"
+#include "backend/linear.h"
+#include "core/dtype.h"
+
+namespace anvil {
+namespace {
+
+#define ANVIL_REQUIRE_GPU()                                                                      \
+  do {                                                                                           \
+    if (cuda::devices().empty()) GTEST_SKIP() << "no CUDA GPU: " << cuda::unavailable_reason(); \
+  } while (0)
+
+struct Rng {
+  uint64_t state;
+  explicit Rng(uint64_t seed) : state(seed) {}
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(1 << 23); }
+};
+
+template <typename T>
+cuda::DeviceBuffer upload(const std::vector<T>& host) {
+  cuda::DeviceBuffer buffer(host.size() * sizeof(T));
+  cuda::copy_to_device(buffer.get(), host.data(), host.size() * sizeof(T));
+  return buffer;
+}
+
+template <typename T>
+std::vector<T> download(const cuda::DeviceBuffer& buffer, size_t count) {
+  std::vector<T> host(count);
+  cuda::copy_to_host(host.data(), buffer.get(), count * sizeof(T));
+  return host;
+}
+
+struct Shape {
+  int64_t experts, hidden, intermediate;
+  int k;
+};
+
+// Host copy of one layer's experts plus their device copies.
+struct Experts {
+  Shape shape;
+  std::vector<uint8_t> gu_blocks, gu_scales, down_blocks, down_scales;
+  std::vector<float> gu_bias, down_bias;
+  cuda::DeviceBuffer d_gu_blocks, d_gu_scales, d_gu_bias, d_down_blocks, d_down_scales, d_down_bias;
+  float limit = 7.0f, alpha = 1.702f;
+
+  // Scales around the dummy loader's choice (127 - ceil(log2(sqrt(fan_in) * 2.6))) so
+  // activations stay O(1); `big_scales` puts some blocks above 128 (the second-multiply path).
+  Experts(const Shape& s, Rng& rng, bool big_scales = false) : shape(s) {
+    auto fill = [&](std::vector<uint8_t>& blocks, std::vector<uint8_t>& scales, std::vector<float>& bias, int64_t rows,
+                    int64_t cols) {
+      blocks.resize(size_t(s.experts * rows * cols / 2));
+      for (size_t i = 0; i < blocks.size(); i += 8) {
+        const uint64_t r = rng.next();
+        for (size_t j = 0; j < 8 && i + j < blocks.size(); ++j) blocks[i + j] = uint8_t(r >> (8 * j));
+      }
+      const int base = 127 - int(std::ceil(std::log2(std::sqrt(double(cols)) * 2.6)));
+      scales.resize(size_t(s.experts * rows * cols / 32));
+      for (auto& sc : scales) {
+        sc = uint8_t(base - 2 + int(rng.next() % 5));
+        if (big_scales && rng.next() % 64 == 0) sc = uint8_t(129 + rng.next() % 4);
+      }
+      bias.resize(size_t(s.experts * rows));
+      for (auto& b : bias) b = 0.5f * rng.uniform();
+    };
+    fill(gu_blocks, gu_scales, gu_bias, 2 * s.intermediate, s.hidden);
+    fill(down_blocks, down_scales, down_bias, s.hidden, s.intermediate);
+    d_gu_blocks = upload(gu_blocks);
+    d_gu_scales = upload(gu_scales);
+    d_gu_bias = upload(gu_bias);
+    d_down_blocks = upload(down_blocks);
+    d_down_scales = upload(down_scales);
+    d_down_bias = upload(down_bias);
+  }
+
+  cuda::MoeMxfp4Weights device() const {
+    cuda::MoeMxfp4Weights w;
+    w.gate_up_blocks = d_gu_blocks.get<uint8_t>();
+    w.gate_up_scales = d_gu_scales.get<uint8_t>();
+    w.gate_up_bias = d_gu_bias.get<float>();
+    w.down_blocks = d_down_blocks.get<uint8_t>();
+    w.down_scales = d_down_scales.get<uint8_t>();
+    w.down_bias = d_down_bias.get<float>();
+    w.num_experts = shape.experts;
+    w.hidden = shape.hidden;
+    w.intermediate = shape.intermediate;
+    w.swiglu_limit = limit;
+    w.swiglu_alpha = alpha;
+    return w;
+  }
+
+  LinearWeight gate_up(int64_t e) const {
+    const int64_t rows = 2 * shape.intermediate, cols = shape.hidden;
+    LinearWeight w;
+    w.format = WeightFormat::MXFP4;
+    w.out_features = rows;
+    w.in_features = cols;
+    w.data = gu_blocks.data() + e * rows * cols / 2;
+    w.scales = gu_scales.data() + e * rows * cols / 32;
+    w.bias = gu_bias.data() + e * rows;
+    return w;
+  }
+  LinearWeight down(int64_t e) const {
+    const int64_t rows = shape.hidden, cols = shape.intermediate;
+    LinearWeight w;
+    w.format = WeightFormat::MXFP4;
+    w.out_features = rows;
+    w.in_features = cols;
+    w.data = down_blocks.data() + e * rows * cols / 2;
+    w.scales = down_scales.data() + e * rows * cols / 32;
+    w.bias = down_bias.data() + e * rows;
+    return w;
+  }
+
+  // The MoE's contribution for one token (before adding to the residual), as gpt_oss.cpp's
+  // run_expert computes it.
+  std::vector<float> reference(const float* h, const int32_t* ids, const float* weights) const {
+    const int64_t H = shape.hidden, I = shape.intermediate;
+    std::vector<float> out(static_cast<size_t>(H), 0.0f), gu(static_cast<size_t>(2 * I)), act(static_cast<size_t>(I)),
+        y(static_cast<size_t>(H));
+    for (int j = 0; j < shape.k; ++j) {
+      linear_forward_reference(gate_up(ids[j]), h, 1, gu.data());
+      cpu::swiglu_oai(gu.data(), 1, I, limit, act.data());
+      linear_forward_reference(down(ids[j]), act.data(), 1, y.data());
+      for (int64_t i = 0; i < H; ++i) out[size_t(i)] += weights[j] * y[size_t(i)];
+    }
+    return out;
+  }
+
+  size_t expert_bytes() const {
+    const int64_t H = shape.hidden, I = shape.intermediate;
+    const int64_t weights = 2 * I * H + H * I;
+    return size_t(weights / 2 + weights / 32 + (2 * I + H) * 4);
+  }
+};
+
+struct Routed {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+// Random logits routed on the GPU; checked against the CPU routing exactly (ids) and closely
+// (weights).
+Routed route_on_gpu(int64_t m, const Shape& s, Rng& rng) {
+  std::vector<float> logits(size_t(m * s.experts));
+  for (auto& v : logits) v = 4.0f * rng.uniform();
+  auto d_logits = upload(logits);
+  cuda::DeviceBuffer d_ids(size_t(m * s.k) * 4), d_w(size_t(m * s.k) * 4);
+  cuda::memset_device(d_ids.get(), 0xff, d_ids.bytes());
+  cuda::memset_device(d_w.get(), 0xff, d_w.bytes());
+  cuda::moe_topk_softmax(d_logits.get<float>(), m, s.experts, s.k, d_ids.get<int32_t>(), d_w.get<float>(), nullptr);
+  cuda::synchronize();
+  Routed r{download<int32_t>(d_ids, size_t(m * s.k)), download<float>(d_w, size_t(m * s.k))};
+  for (int64_t row = 0; row < m; ++row) {
+    const float* x = logits.data() + row * s.experts;
+    const auto chosen = cpu::top_k_indices(x, s.experts, s.k);
+    std::vector<float> w(chosen.size());
+    for (size_t j = 0; j < chosen.size(); ++j) w[j] = x[chosen[j]];
+    cpu::softmax_inplace(w.data(), int64_t(w.size()));
+    for (int j = 0; j < s.k; ++j) {
+      EXPECT_EQ(r.ids[size_t(row * s.k + j)], chosen[size_t(j)]) << "row " << row << " pick " << j;
+      EXPECT_NEAR(r.weights[size_t(row * s.k + j)], w[size_t(j)], 1e-6f) << "row " << row << " pick " << j;
+    }
+  }
+  return r;
+}
+
+struct RunOptions {
+  int timing_runs = 0;
+  int64_t checked_rows = 24;
+};
+
+// Runs moe_mxfp4 for h [m, H] with the given routing and checks sampled rows against the CPU.
+void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const RunOptions& options = {}) {
+  const Shape& s = ex.shape;
+  SCOPED_TRACE("E=" + std::to_string(s.experts) + " H=" + std::to_string(s.hidden) + " I=" +
+               std::to_string(s.intermediate) + " k=" + std::to_string(s.k) + " m=" + std::to_string(m));
+  std::vector<uint16_t> h(size_t(m * s.hidden));
+  for (auto& v : h) v = f32_to_bf16(rng.uniform());
+  std::vector<float> residual(size_t(m * s.hidden));
+  for (auto& v : residual) v = rng.uniform();
+  auto d_h = upload(h), d_ids = upload(routed.ids), d_w = upload(routed.weights), d_residual = upload(residual);
+  const size_t ws_bytes = cuda::moe_mxfp4_workspace_bytes(m, s.k, s.experts, s.hidden, s.intermediate);
+  cuda::DeviceBuffer workspace(ws_bytes);
+  // Stale routing tables and activations must not matter.
+  cuda::memset_device(workspace.get(), 0xff, ws_bytes);
+  const auto weights = ex.device();
+  cuda::moe_mxfp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+                  d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
+  cuda::synchronize();
+  const auto out = download<float>(d_residual, residual.size());
+  int64_t non_finite = 0;
+  for (float v : out) non_finite += std::isfinite(v) ? 0 : 1;
+  EXPECT_EQ(non_finite, 0);
+
+  std::set<int64_t> rows;
+  if (m <= options.checked_rows) {
+    for (int64_t r = 0; r < m; ++r) rows.insert(r);
+  } else {
+    rows = {0, m - 1};
+    while (int64_t(rows.size()) < options.checked_rows) rows.insert(int64_t(rng.next() % uint64_t(m)));
+  }
+  double err = 0, norm = 0;
+  std::vector<float> x(size_t(s.hidden));
+  for (int64_t r : rows) {
+    for (int64_t i = 0; i < s.hidden; ++i) x[size_t(i)] = bf16_to_f32(h[size_t(r * s.hidden + i)]);
+    const auto want = ex.reference(x.data(), routed.ids.data() + r * s.k, routed.weights.data() + r * s.k);
+    for (int64_t i = 0; i < s.hidden; ++i) {
+      // Compare the MoE's contribution, not the residual it was added to.
+      const double got = double(out[size_t(r * s.hidden + i)]) - double(residual[size_t(r * s.hidden + i)]);
+      err += (got - want[size_t(i)]) * (got - want[size_t(i)]);
+      norm += double(want[size_t(i)]) * want[size_t(i)];
+    }
+  }
+  const double rel = std::sqrt(err / norm);
+  // The GPU rounds the SwiGLU activations to bf16 (the CPU keeps float32): ~1e-3.
+  EXPECT_LT(rel, 1e-2) << "relative error " << rel;
+
+  if (options.timing_runs > 0) {
+    for (int i = 0; i < 3; ++i)
+      cuda::moe_mxfp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+                      d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
+    std::vector<double> ms;
+    cuda::EventTimer timer;
+    for (int i = 0; i < options.timing_runs; ++i) {
+      timer.start();
+      cuda::moe_mxfp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+                      d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
+      ms.push_back(timer.stop_ms());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double seconds = ms[ms.size() / 2] * 1e-3;
+    const std::set<int32_t> active(routed.ids.begin(), routed.ids.end());
+    const double bytes = double(active.size()) * double(ex.expert_bytes());
+    const double flops = 2.0 * double(m * s.k) * 3.0 * double(s.hidden) * double(s.intermediate);
+    std::printf("[ perf ] moe_mxfp4 E=%lld H=%lld I=%lld k=%d m=%lld: %.1f us, %zu experts, %.0f GB/s of expert "
+                "weights, %.1f TFLOP/s\n",
+                static_cast<long long>(s.experts), static_cast<long long>(s.hidden),
+                static_cast<long long>(s.intermediate), s.k, static_cast<long long>(m), seconds * 1e6, active.size(),
+                bytes / seconds * 1e-9, flops / seconds * 1e-12);
+  }
+}
+
+TEST(CudaMoe, TopkTiesGoToTheLowerIndex) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(7);
+  for (int64_t experts : {4, 32, 128, 200, 256}) {
+    for (int k : {1, 2, 4}) {
+      const int64_t m = 97;
+      std::vector<float> logits(size_t(m * experts));
+      // Three distinct values only: almost every pick is a tie.
+      for (auto& v : logits) v = float(rng.next() % 3);
+      auto d_logits = upload(logits);
+      cuda::DeviceBuffer d_ids(size_t(m * k) * 4), d_w(size_t(m * k) * 4);
+      cuda::moe_topk_softmax(d_logits.get<float>(), m, experts, k, d_ids.get<int32_t>(), d_w.get<float>(), nullptr);
+      cuda::synchronize();
+      const auto ids = download<int32_t>(d_ids, size_t(m * k));
+      const auto w = download<float>(d_w, size_t(m * k));
+      for (int64_t row = 0; row < m; ++row) {
+        const auto chosen = cpu::top_k_indices(logits.data() + row * experts, experts, k);
+        float sum = 0;
+        for (int j = 0; j < k; ++j) {
+          ASSERT_EQ(ids[size_t(row * k + j)], chosen[size_t(j)]) << "E=" << experts << " k=" << k << " row " << row;
+          sum += w[size_t(row * k + j)];
+        }
+        EXPECT_NEAR(sum, 1.0f, 1e-5f);
+      }
+    }
+  }
+}
+
+TEST(CudaMoe, RandomRoutingSmallShapes) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(11);
+  // H and I multiples of 64: both paths; decode for few tokens per expert, GEMM (64- and
+  // 128-row tiles) once experts average 16+.
+  const Experts ex({8, 256, 384, 2}, rng);
+  for (int64_t m : {1, 3, 8, 17, 33, 64, 300, 2048}) {
+    const auto routed = route_on_gpu(m, ex.shape, rng);
+    run_moe(ex, m, routed, rng);
+  }
+}
+
+TEST(CudaMoe, DecodePathOnlyShapes) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(13);
+  // H = 288 is not a multiple of 64, so every m takes the decode kernels, many tokens in
+  // several passes; I = 96 leaves a partial 128-wide chunk.
+  const Experts ex({4, 288, 96, 2}, rng);
+  for (int64_t m : {1, 5, 40, 300}) {
+    const auto routed = route_on_gpu(m, ex.shape, rng);
+    run_moe(ex, m, routed, rng);
+  }
+}
+
+TEST(CudaMoe, OneExpertGetsEveryToken) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(17);
+  const Experts ex({16, 256, 256, 4}, rng);
+  for (int64_t m : {1, 9, 40, 300, 1000}) {
+    Routed routed;
+    for (int64_t r = 0; r < m; ++r) {
+      // Expert 5 always; the other picks vary, always distinct.
+      std::vector<int32_t> picks = {5};
+      while (picks.size() < 4) {
+        const int32_t e = int32_t(rng.next() % 16);
+        if (std::find(picks.begin(), picks.end(), e) == picks.end()) picks.push_back(e);
+      }
+      float sum = 0;
+      std::vector<float> w(4);
+      for (auto& v : w) sum += (v = 0.1f + std::fabs(rng.uniform()));
+      for (int j = 0; j < 4; ++j) {
+        routed.ids.push_back(picks[size_t(j)]);
+        routed.weights.push_back(w[size_t(j)] / sum);
+      }
+    }
+    run_moe(ex, m, routed, rng);
+  }
+}
+
+TEST(CudaMoe, ScalesAbove128) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(19);
+  const Experts ex({8, 256, 256, 2}, rng, /*big_scales=*/true);
+  for (int64_t m : {2, 600}) {
+    const auto routed = route_on_gpu(m, ex.shape, rng);
+    run_moe(ex, m, routed, rng);
+  }
+}
+
+TEST(CudaMoe, GptOss20bShapesWithSpeed) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(23);
+  const Experts ex({32, 2880, 2880, 4}, rng);
+  for (int64_t m : {1, 8, 64, 2048}) {
+    const auto routed = route_on_gpu(m, ex.shape, rng);
+    RunOptions options;
+    options.timing_runs = m >= 2048 ? 10 : 50;
+    options.checked_rows = m >= 64 ? 6 : 8;
+    run_moe(ex, m, routed, rng, options);
+  }
+}
+
+}  // namespace
+}  // namespace anvil
