@@ -273,8 +273,18 @@ int multiprocessors() {
 template <int kTokenTiles, int kSplitK, bool kGateUp>
 void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
   constexpr int kRowsPerBlock = 16 * kDecodeWarps / kSplitK;
+  constexpr auto kernel = moe_decode_kernel<kTokenTiles, kSplitK, kGateUp>;
+  // The per-warp scale tables (16 rows x K/32 bytes each); past the default 48 KB together with
+  // the static ring (K above ~12k) they need the opt-in.
+  const size_t smem = size_t(kDecodeWarps) * 16 * size_t(p.k / 32);
+  constexpr size_t kStatic = size_t(kDecodeWarps) * kDecodeStages * 2 * 32 * 16 +
+                            size_t(kSplitK > 1 ? kDecodeWarps : 1) * kTokenTiles * 32 * 16;
+  if (smem + kStatic > 48 * 1024) {
+    if (smem > 160 * 1024) invalid("moe_mxfp4: hidden / intermediate too large for the decode path");
+    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  }
   const dim3 grid(unsigned(ceil_div(p.n, kRowsPerBlock)), unsigned(active_bound));
-  moe_decode_kernel<kTokenTiles, kSplitK, kGateUp><<<grid, kDecodeWarps * 32, 0, stream>>>(p, r);
+  kernel<<<grid, kDecodeWarps * 32, smem, stream>>>(p, r);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -290,10 +300,16 @@ void launch_decode(const ExpertProduct& p, const Routing& r, int active_bound, c
 }
 
 template <bool kGateUp>
-void launch_decode_tokens(int64_t m, const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
-  // An expert gets at most m tokens (a row picks distinct experts).
-  if (m <= 8) return launch_decode<1, kGateUp>(p, r, active_bound, stream);
-  if (m <= 16) return launch_decode<2, kGateUp>(p, r, active_bound, stream);
+void launch_decode_tokens(int64_t m, int64_t experts, const ExpertProduct& p, const Routing& r, int active_bound,
+                          cudaStream_t stream) {
+  // An expert gets at most m tokens (a row picks distinct experts); with many experts it
+  // typically gets about m * k / E. A pass covers 8 * kTokenTiles tokens and busier experts take
+  // further passes (their weight slice is then re-read, mostly from L2), so the width follows
+  // twice the mean rather than the worst case: a wider pass costs registers, occupancy and the
+  // token prefetch (kDecodePrefetchX) for every expert.
+  const int64_t expect = std::min<int64_t>(m, ceil_div(2 * m * p.top_k, experts));
+  if (expect <= 8) return launch_decode<1, kGateUp>(p, r, active_bound, stream);
+  if (expect <= 16) return launch_decode<2, kGateUp>(p, r, active_bound, stream);
   launch_decode<4, kGateUp>(p, r, active_bound, stream);
 }
 
@@ -387,7 +403,10 @@ void moe_mxfp4(const MoeMxfp4Weights& w, const uint16_t* h, int64_t m, int k, co
   // Tensor cores once experts average 16+ tokens; below that the weights dominate and the
   // bandwidth kernel wastes no work on padding rows.
   const bool gemm_shapes = H % 64 == 0 && I % 64 == 0 && H <= kMoeGemmMaxK && I <= kMoeGemmMaxK;
-  const bool use_gemm = gemm_shapes && slots >= 16 * E;
+#ifndef ANVIL_MOE_GEMM_MIN_PER_EXPERT
+#define ANVIL_MOE_GEMM_MIN_PER_EXPERT 16
+#endif
+  const bool use_gemm = gemm_shapes && slots >= ANVIL_MOE_GEMM_MIN_PER_EXPERT * E;
   const int tile_rows = !use_gemm ? 0 : slots >= 64 * E ? 128 : 64;
 
   if (slots <= 4096)
@@ -432,8 +451,8 @@ void moe_mxfp4(const MoeMxfp4Weights& w, const uint16_t* h, int64_t m, int k, co
   } else {
     gate_up.a = h;
     const int active_bound = int(std::min(E, slots));
-    launch_decode_tokens<true>(m, gate_up, r, active_bound, s);
-    launch_decode_tokens<false>(m, down, r, active_bound, s);
+    launch_decode_tokens<true>(m, E, gate_up, r, active_bound, s);
+    launch_decode_tokens<false>(m, E, down, r, active_bound, s);
   }
 
   const int combine_threads = int(std::min<int64_t>(1024, ceil_div(H / 4, 32) * 32));

@@ -19,21 +19,29 @@ constexpr int kDecodeWarps = 4;
 // reads back only the 32 bytes it copied itself, so no barrier is needed (cp.async.wait_group
 // makes a thread's own copies visible to it). Token rows and scales (L1/L2-resident) are fetched
 // one chunk ahead in registers where registers allow (up to 16 tokens per pass).
-constexpr int kDecodeStages = 4;  // 2, 4, 6 and 8 measured the same at batch 1; 4 was best at 32-64
+// Scales are staged once per block in shared memory (see moe_decode_kernel), so the loop's only
+// global loads are the ring's and the token rows'.
+#ifndef ANVIL_DECODE_MINB1
+#define ANVIL_DECODE_MINB1 4  // H200, vs 3: 20b m=8 145 vs 154 us, 120b m=64 605 vs 656 us (8-16 B spills)
+#endif
+#ifndef ANVIL_DECODE_STAGES
+#define ANVIL_DECODE_STAGES 8  // H200, vs 4: 20b m=8 153 vs 162 us, 120b m=64 660 vs 721 us
+#endif
+constexpr int kDecodeStages = ANVIL_DECODE_STAGES;
 template <int kTokenTiles>
 constexpr bool kDecodePrefetchX = kTokenTiles <= 2;
 // Resident warps per SM at each width's register cap (for choosing the k split).
 template <int kTokenTiles>
-constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 12;
+constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 4 * ANVIL_DECODE_MINB1;
 
 // Warp w of a block works on row tile blockIdx.x * (kDecodeWarps / kSplitK) + w / kSplitK and
 // takes every kSplitK-th chunk of k starting at w % kSplitK; the kSplitK partial sums are added
 // in a fixed order in shared memory. Splitting k gives the GPU enough warps to keep the memory
 // busy when few experts are active (batch 1).
-// Occupancy: 8-12 warps per SM; the register caps this implies (168 / 255) are met without
-// spills.
+// Occupancy: 8 warps per SM with 2+ token tiles, 16 with one (128-register cap, 8-16 bytes of
+// spills, still measured faster than 12 warps without spills).
 template <int kTokenTiles, int kSplitK, bool kGateUp>
-__global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : 3)
+__global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVIL_DECODE_MINB1)
     moe_decode_kernel(ExpertProduct p, Routing r) {
   static_assert(kDecodeWarps % kSplitK == 0, "k split within a block");
   using namespace gemm;
@@ -54,8 +62,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : 3)
   const int64_t base_a = int64_t(expert) * p.n + row_a, base_b = int64_t(expert) * p.n + row_b;
   const uint8_t* wa = p.blocks + base_a * blocks_per_row * 16 + t * 16;
   const uint8_t* wb = p.blocks + base_b * blocks_per_row * 16 + t * 16;
-  const uint8_t* sa = p.scales + base_a * blocks_per_row + t;
-  const uint8_t* sb = p.scales + base_b * blocks_per_row + t;
+  // This warp's scales for all of k: 16 rows x K/32 bytes in dynamic shared memory (the launcher
+  // sizes it kDecodeWarps * 16 * K/32). Read from global memory once per block, before the first
+  // chunk, instead of one DRAM byte load per chunk with one chunk of lookahead. (Measured on an
+  // H200 this alone did not change batch 1; the loop is limited elsewhere, see the commit log.)
+  extern __shared__ __align__(16) uint8_t decode_scales[];
+  uint8_t* const warp_scales = decode_scales + warp * 16 * blocks_per_row;
+  const uint8_t* const sa = warp_scales + g * blocks_per_row + t;
+  const uint8_t* const sb = warp_scales + (g + 8) * blocks_per_row + t;
 
   // ring[warp][stage][row a / row b][lane]: 16 bytes each.
   __shared__ uint4 ring[kDecodeWarps][kDecodeStages][2][32];
@@ -78,8 +92,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : 3)
   };
   auto load_scales = [&](int i) {
     const int c = kpart + i * kSplitK;
-    const bool ok = chunk_ok(i);
-    return Scales{load_cached_u8(sa + c * 4, ok), load_cached_u8(sb + c * 4, ok)};
+    const bool ok = chunk_ok(i);  // past the end: another warp's bytes or none; never indexed
+    return Scales{ok ? uint32_t(sa[c * 4]) : 0u, ok ? uint32_t(sb[c * 4]) : 0u};
   };
   // Token columns past the expert's count read the first token's row: the mma keeps columns
   // apart, and those columns are never stored.
@@ -143,6 +157,37 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : 3)
     }
 
     for (int j = 0; j < kDecodeStages - 1; ++j) issue_weights(j);
+    if (tok0 == 0) {
+      // The warp's 16 scale rows are contiguous: rows row0..row0+15 of the expert (N % 16 == 0, so
+      // a tile is all in or all out; a tile past N copies the last one, never stored). They start
+      // at a multiple of 16 * K/32 bytes, so 16-byte loads work when the table is 16-aligned.
+      const int src_row0 = min(row0, p.n - 16);
+      const uint8_t* src = p.scales + (int64_t(expert) * p.n + src_row0) * blocks_per_row;
+      const int bytes = 16 * blocks_per_row;
+      constexpr int kBatch = 4;  // loads issued before their stores
+      if ((reinterpret_cast<uintptr_t>(p.scales) & 15u) == 0) {
+        const uint4* src4 = reinterpret_cast<const uint4*>(src);
+        uint4* dst4 = reinterpret_cast<uint4*>(warp_scales);
+        for (int base = 0; base < bytes / 16; base += 32 * kBatch) {
+          uint4 v[kBatch];
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j) v[j] = load_cached_16(src4 + base + j * 32 + lane, base + j * 32 + lane < bytes / 16);
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j)
+            if (base + j * 32 + lane < bytes / 16) dst4[base + j * 32 + lane] = v[j];
+        }
+      } else {
+        for (int base = 0; base < bytes; base += 32 * kBatch) {
+          uint32_t v[kBatch];
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j) v[j] = load_cached_u8(src + base + j * 32 + lane, base + j * 32 + lane < bytes);
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j)
+            if (base + j * 32 + lane < bytes) warp_scales[base + j * 32 + lane] = uint8_t(v[j]);
+        }
+      }
+      __syncwarp();
+    }
     if constexpr (kDecodePrefetchX<kTokenTiles>) {
       // Two chunks per iteration, so the token double buffer's index is a constant.
       Scales sc[2];
