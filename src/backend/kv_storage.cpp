@@ -10,6 +10,11 @@ KvGroupStorage::KvGroupStorage(const KvGroupShape& shape) : shape_(shape) {
     fail("KV cache shape is invalid (layers {}, blocks {}, block size {}, kv heads {}, head dim {})",
          shape.num_layers, shape.num_blocks, shape.block_size, shape.kv_heads, shape.head_dim);
   const size_t n = size_t(shape.num_layers * shape.num_blocks * shape.block_size * shape.kv_heads * shape.head_dim);
+  if (shape.device == KvDevice::Cuda) {
+    device_keys_ = cuda::DeviceBuffer(n * sizeof(uint16_t));
+    device_values_ = cuda::DeviceBuffer(n * sizeof(uint16_t));
+    return;
+  }
   keys_.resize(n);
   values_.resize(n);
 }

@@ -7,7 +7,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cuda/runtime.h"
+
 namespace anvil {
+
+// Where a model's KV cache lives: float32 in host memory for the CPU backend, bf16 in device
+// memory for the CUDA backend.
+enum class KvDevice { Host, Cuda };
 
 struct KvGroupShape {
   int64_t num_layers = 0;  // layers in this group
@@ -15,18 +21,23 @@ struct KvGroupShape {
   int64_t block_size = 16;  // positions per block
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
+  KvDevice device = KvDevice::Host;
 };
 
 class KvGroupStorage {
  public:
   explicit KvGroupStorage(const KvGroupShape& shape);
   const KvGroupShape& shape() const { return shape_; }
-  // Start of [kv_heads, head_dim] floats for (layer in group, block, slot in block).
+  // Host: start of [kv_heads, head_dim] floats for (layer in group, block, slot in block).
   float* key(int64_t layer, int64_t block, int64_t slot) { return keys_.data() + offset(layer, block, slot); }
   float* value(int64_t layer, int64_t block, int64_t slot) { return values_.data() + offset(layer, block, slot); }
-  size_t bytes() const { return (keys_.size() + values_.size()) * sizeof(float); }
+  // Device: one layer's [num_blocks, block_size, kv_heads, head_dim] bf16 keys / values.
+  uint16_t* device_keys(int64_t layer) const { return device_keys_.get<uint16_t>() + offset(layer, 0, 0); }
+  uint16_t* device_values(int64_t layer) const { return device_values_.get<uint16_t>() + offset(layer, 0, 0); }
+  size_t bytes() const { return size_t(shape_.num_blocks) * bytes_per_block(shape_); }
   static size_t bytes_per_block(const KvGroupShape& shape) {
-    return size_t(2 * shape.num_layers * shape.block_size * shape.kv_heads * shape.head_dim) * sizeof(float);
+    const size_t element = shape.device == KvDevice::Host ? sizeof(float) : sizeof(uint16_t);
+    return size_t(2 * shape.num_layers * shape.block_size * shape.kv_heads * shape.head_dim) * element;
   }
 
  private:
@@ -36,6 +47,7 @@ class KvGroupStorage {
   KvGroupShape shape_;
   std::vector<float> keys_;
   std::vector<float> values_;
+  cuda::DeviceBuffer device_keys_, device_values_;
 };
 
 }  // namespace anvil

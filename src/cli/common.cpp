@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "backend/cuda/runtime.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -53,7 +54,15 @@ void ModelLoadFlags::add_to(CLI::App& verb) {
   verb.add_option("--load-format", load_format, "auto (read weights) or dummy (random weights, no files)");
   verb.add_option("--rope-freq-dtype", rope_freq_dtype,
                   "fp32 (as from_pretrained) or bf16 (as a model cast whole with .to(bfloat16))");
+  verb.add_option("--device", device, "auto (a CUDA GPU when present and supported, else the CPU), cpu, cuda or cuda:N");
   add_threads_option(verb, threads);
+}
+
+Device ModelLoadFlags::resolve_device(const ModelConfig& config) const {
+  if (device == "cpu") return Device::Cpu;
+  if (device == "cuda" || device.rfind("cuda:", 0) == 0) return Device::Cuda;
+  if (device != "auto") fail("--device: '{}' is not one of auto, cpu, cuda, cuda:N", device);
+  return !cuda::devices().empty() && architecture_has_cuda_path(config.architecture) ? Device::Cuda : Device::Cpu;
 }
 
 std::unique_ptr<Model> ModelLoadFlags::load() const {
@@ -68,6 +77,14 @@ std::unique_ptr<Model> ModelLoadFlags::load() const {
     options.rope_inv_freq_bf16 = true;
   } else if (rope_freq_dtype != "fp32") {
     fail("--rope-freq-dtype: '{}' is not one of fp32, bf16", rope_freq_dtype);
+  }
+  const ModelConfig config = load_model_config(std::filesystem::path(model_dir) / "config.json");
+  options.device = resolve_device(config);
+  if (device.rfind("cuda:", 0) == 0) {
+    const std::string index = device.substr(5);
+    if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos)
+      fail("--device: '{}' is not cuda:N", device);
+    options.cuda_device = std::stoi(index);
   }
   return load_model(model_dir, options);
 }

@@ -29,11 +29,15 @@ struct ModelLoadFlags {
   std::string model_dir;
   std::string load_format = "auto";
   std::string rope_freq_dtype = "fp32";
+  std::string device = "auto";
   int threads = 0;
 
   void add_to(CLI::App& verb);
   // Applies --threads and loads the model.
   std::unique_ptr<Model> load() const;
+  // --device resolved for this model: auto picks CUDA when a GPU is visible and the
+  // architecture has a CUDA path, else the CPU.
+  Device resolve_device(const ModelConfig& config) const;
 };
 
 }  // namespace anvil::cli

@@ -27,6 +27,8 @@ struct ServeOptions {
   int64_t max_num_batched_tokens = 2048;
   int64_t max_model_len = 0;
   double kv_cache_gib = 2.0;
+  bool kv_cache_gib_set = false;
+  double gpu_memory_utilization = 0.9;
   bool enable_prefix_caching = true;
   bool no_prefix_caching = false;
   size_t max_body_bytes = size_t(8) << 20;
@@ -40,6 +42,8 @@ void run_serve(const ServeOptions& options) {
   if (!(options.kv_cache_gib > 0.0) || options.kv_cache_gib > 1e6)
     fail("--kv-cache-memory must be a positive number of GiB, got {}", options.kv_cache_gib);
   if (options.port < 0 || options.port > 65535) fail("--port must be in [0, 65535], got {}", options.port);
+  if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0))
+    fail("--gpu-memory-utilization must be in (0, 1], got {}", options.gpu_memory_utilization);
   if (options.max_body_bytes == 0) fail("--max-body-bytes must be positive");
   if (options.max_queued_requests < 0)
     fail("--max-queued-requests must be 0 (no bound) or positive, got {}", options.max_queued_requests);
@@ -56,6 +60,8 @@ void run_serve(const ServeOptions& options) {
   config.engine.max_num_batched_tokens = options.max_num_batched_tokens;
   config.engine.max_model_len = options.max_model_len;
   config.engine.kv_cache_bytes = size_t(options.kv_cache_gib * double(size_t(1) << 30));
+  config.engine.kv_cache_bytes_set = options.kv_cache_gib_set;
+  config.engine.gpu_memory_utilization = options.gpu_memory_utilization;
   config.engine.enable_prefix_caching = options.enable_prefix_caching && !options.no_prefix_caching;
   config.engine.max_waiting =
       options.max_queued_requests > 0 ? options.max_queued_requests : std::numeric_limits<int64_t>::max();
@@ -110,7 +116,12 @@ void register_serve(CLI::App& app) {
   verb->add_option("--max-num-seqs", options->max_num_seqs, "Sequences running at once");
   verb->add_option("--max-num-batched-tokens", options->max_num_batched_tokens, "Tokens per engine step");
   verb->add_option("--max-model-len", options->max_model_len, "Context length (default: the model's)");
-  verb->add_option("--kv-cache-memory", options->kv_cache_gib, "KV cache size in GiB");
+  verb->add_option("--kv-cache-memory", options->kv_cache_gib,
+                   "KV cache size in GiB (CPU default 2; on a GPU it overrides --gpu-memory-utilization)")
+      ->each([options](const std::string&) { options->kv_cache_gib_set = true; });
+  verb->add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
+                   "Share of the GPU's memory for weights, activations and KV cache (default 0.9)");
+  verb->add_option("--device", options->model.device, "auto (a CUDA GPU when present and supported), cpu, cuda, cuda:N");
   verb->add_flag("--enable-prefix-caching", options->enable_prefix_caching, "Reuse KV blocks of shared prompt prefixes (default)");
   verb->add_flag("--no-enable-prefix-caching", options->no_prefix_caching, "Turn prefix caching off");
   verb->add_option("--load-format", options->model.load_format, "auto (read weights) or dummy (random weights)");

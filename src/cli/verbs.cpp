@@ -9,6 +9,8 @@ void register_verbs(CLI::App& app) {
   register_init_demo(app);
   register_bench_cpu(app);
   register_serve(app);
+  register_bench_gpu(app);
+  register_doctor(app);
 }
 
 }  // namespace anvil::cli

@@ -12,5 +12,7 @@ void register_tokenize(CLI::App& app);
 void register_init_demo(CLI::App& app);
 void register_bench_cpu(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_bench_gpu(CLI::App& app);
+void register_doctor(CLI::App& app);
 
 }  // namespace anvil::cli

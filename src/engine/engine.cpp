@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include "backend/cuda/runtime.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -37,8 +39,19 @@ struct Sequence {
 // Blocks for each KV group out of a byte budget. Sliding-window groups need only their window
 // per running sequence plus one step's chunk; full-attention groups get everything else, and at
 // least half the budget (sliding groups past that preempt like any other shortage).
-std::vector<int64_t> split_kv_budget(const KvLayout& layout, const EngineConfig& config) {
+std::vector<int64_t> split_kv_budget(const KvLayout& layout, EngineConfig config) {
   if (!config.kv_blocks_per_group.empty()) return config.kv_blocks_per_group;
+  if (layout.device == KvDevice::Cuda && !config.kv_cache_bytes_set) {
+    // Leave room for one step's activations and logits beside the weights already loaded.
+    const size_t total = cuda::device_total_memory(), used = total - cuda::device_free_memory();
+    const size_t reserve = (size_t(1) << 30) + size_t(config.max_num_batched_tokens) * (size_t(1) << 16);
+    const double allowed = double(total) * config.gpu_memory_utilization;
+    if (allowed <= double(used + reserve))
+      fail("--gpu-memory-utilization {} leaves no room for a KV cache: {:.1f} GiB of {:.1f} GiB are in use after "
+           "loading the weights",
+           config.gpu_memory_utilization, double(used) / (1 << 30), double(total) / (1 << 30));
+    config.kv_cache_bytes = size_t(allowed) - used - reserve;
+  }
   std::vector<int64_t> blocks(size_t(layout.num_groups()), 0);
   size_t remaining = config.kv_cache_bytes;
   const bool has_full_group = layout.group_layers[0] > 0;
@@ -46,7 +59,8 @@ std::vector<int64_t> split_kv_budget(const KvLayout& layout, const EngineConfig&
     const int64_t window = layout.group_window[size_t(group)];
     if (window <= 0) continue;
     const int64_t per_sequence = (window + config.block_size - 1) / config.block_size + 2;
-    KvGroupShape shape{layout.group_layers[size_t(group)], 0, config.block_size, layout.kv_heads, layout.head_dim};
+    KvGroupShape shape{layout.group_layers[size_t(group)], 0, config.block_size, layout.kv_heads, layout.head_dim,
+                       layout.device};
     const size_t per_block = KvGroupStorage::bytes_per_block(shape);
     const size_t cap = (has_full_group ? config.kv_cache_bytes / 2 : config.kv_cache_bytes) / per_block;
     blocks[size_t(group)] = std::min<int64_t>(int64_t(cap), config.max_num_seqs * per_sequence +
@@ -57,7 +71,8 @@ std::vector<int64_t> split_kv_budget(const KvLayout& layout, const EngineConfig&
   }
   for (int group = 0; group < layout.num_groups(); ++group) {
     if (layout.group_window[size_t(group)] > 0 || layout.group_layers[size_t(group)] == 0) continue;
-    KvGroupShape shape{layout.group_layers[size_t(group)], 0, config.block_size, layout.kv_heads, layout.head_dim};
+    KvGroupShape shape{layout.group_layers[size_t(group)], 0, config.block_size, layout.kv_heads, layout.head_dim,
+                       layout.device};
     blocks[size_t(group)] = int64_t(remaining / KvGroupStorage::bytes_per_block(shape));
   }
   return blocks;
@@ -78,7 +93,8 @@ struct Engine::Impl {
         cache(engine_ref.model_->kv_layout(), split_kv_budget(engine_ref.model_->kv_layout(), config), config.block_size) {
     for (int group = 0; group < cache.layout().num_groups(); ++group)
       if (cache.total_blocks(group) * config.block_size < config.block_size * 2)
-        fail("--kv-cache-memory is too small: KV group {} gets {} blocks", group, cache.total_blocks(group));
+        fail("the KV cache is too small (--kv-cache-memory / --gpu-memory-utilization): KV group {} gets {} blocks",
+             group, cache.total_blocks(group));
     worker = std::thread([this] { loop(); });
   }
 
@@ -260,8 +276,17 @@ struct Engine::Impl {
       batch.sequences.push_back(step);
     }
     const int64_t vocab = engine.model_->config().vocab_size;
-    logits.resize(size_t(batch.logit_rows() * vocab));
-    engine.model_->forward(batch, cache.storage(), logits.data());
+    bool all_greedy = true;
+    for (size_t i = 0; i < plan.size(); ++i)
+      if (batch.sequences[i].need_logits && !plain_greedy(*plan[i].seq)) all_greedy = false;
+    std::vector<int32_t> greedy_ids;
+    if (all_greedy) {
+      greedy_ids.resize(size_t(batch.logit_rows()));
+      engine.model_->forward_argmax(batch, cache.storage(), greedy_ids.data());
+    } else {
+      logits.resize(size_t(batch.logit_rows() * vocab));
+      engine.model_->forward(batch, cache.storage(), logits.data());
+    }
 
     int64_t row = 0;
     std::vector<Sequence*> finished;
@@ -273,7 +298,9 @@ struct Engine::Impl {
       if (config.enable_prefix_caching)
         cache.register_full_blocks(seq.kv, std::span<const int32_t>(seq.tokens.data(), size_t(seq.computed)));
       if (!batch.sequences[size_t(&s - plan.data())].need_logits) continue;
-      if (sample_and_emit(seq, logits.data() + row * vocab, vocab)) finished.push_back(&seq);
+      const bool done = all_greedy ? emit(seq, GeneratedToken{greedy_ids[size_t(row)], 0.0f, {}})
+                                   : sample_and_emit(seq, logits.data() + row * vocab, vocab);
+      if (done) finished.push_back(&seq);
       ++row;
     }
     std::erase_if(running, [&](std::unique_ptr<Sequence>& seq) {
@@ -311,10 +338,6 @@ struct Engine::Impl {
     for (const auto& [id, count] : seq.output_counts)
       row[id] -= p.frequency_penalty * float(count) + (count > 0 ? p.presence_penalty : 0.0f);
 
-    auto is_stop_id = [&](int32_t id) {
-      return (!p.ignore_eos && std::find(p.eos_token_ids.begin(), p.eos_token_ids.end(), id) != p.eos_token_ids.end()) ||
-             std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) != p.stop_token_ids.end();
-    };
     constexpr float kMasked = -std::numeric_limits<float>::infinity();
     if (seq.generated() < p.min_tokens) {
       for (int32_t id : p.eos_token_ids) row[id] = kMasked;
@@ -341,7 +364,7 @@ struct Engine::Impl {
       }
     }
     const int32_t token = seq.sampler->sample(row, vocab);
-    if (p.constraint && !is_stop_id(token)) p.constraint->accept(token);
+    if (p.constraint && !is_stop_id(p, token)) p.constraint->accept(token);
 
     generated.token = token;
     if (want_logprobs) {
@@ -356,6 +379,27 @@ struct Engine::Impl {
           generated.top_logprobs.push_back({order[size_t(i)], raw[size_t(order[size_t(i)])] - normalizer});
       }
     }
+    return emit(seq, std::move(generated));
+  }
+
+  static bool is_stop_id(const RequestParams& p, int32_t id) {
+    return (!p.ignore_eos && std::find(p.eos_token_ids.begin(), p.eos_token_ids.end(), id) != p.eos_token_ids.end()) ||
+           std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) != p.stop_token_ids.end();
+  }
+
+  // Whether this sequence's next token is the plain argmax of the raw logits, so the model may
+  // pick it on its device and send back the id alone (no penalties, masks, logprobs or draws).
+  static bool plain_greedy(const Sequence& seq) {
+    const RequestParams& p = seq.params;
+    return (p.sampling.temperature == 0.0f || p.sampling.top_k == 1) && p.top_logprobs < 0 && !p.constraint &&
+           p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+           seq.generated() >= p.min_tokens;
+  }
+
+  // Appends the chosen token and reports it; returns true when the sequence is finished.
+  bool emit(Sequence& seq, GeneratedToken generated) {
+    const RequestParams& p = seq.params;
+    const int32_t token = generated.token;
     seq.tokens.push_back(token);
     seq.output_counts[token]++;
     ++generation_tokens_total;
@@ -365,7 +409,7 @@ struct Engine::Impl {
     out.prompt_tokens = seq.prompt_length;
     out.cached_prompt_tokens = seq.cached_prompt_tokens;
     seq.reported_prompt = true;
-    if (is_stop_id(token)) {
+    if (is_stop_id(p, token)) {
       out.finished = true;
       out.finish_reason = "stop";
       out.stop_token = token;

@@ -21,7 +21,11 @@ struct EngineConfig {
   int64_t max_num_seqs = 64;             // sequences running at once
   int64_t max_num_batched_tokens = 2048;  // tokens per step (prefill chunks + decodes)
   int64_t max_model_len = 0;             // 0 = the model's max_position_embeddings
-  size_t kv_cache_bytes = size_t(2) << 30;
+  size_t kv_cache_bytes = size_t(2) << 30;  // CPU; on a GPU only when kv_cache_bytes_set
+  bool kv_cache_bytes_set = false;
+  // GPU: the share of the device's memory this engine may hold (weights, activations and KV
+  // cache); the KV cache gets what is left after the weights (vLLM's meaning).
+  double gpu_memory_utilization = 0.9;
   std::vector<int64_t> kv_blocks_per_group;  // when set, exact pool sizes instead of kv_cache_bytes
   int64_t block_size = 16;
   bool enable_prefix_caching = true;

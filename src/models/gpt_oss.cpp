@@ -6,6 +6,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "models/cuda_support.h"
 #include "models/model.h"
 #include "models/step_context.h"
 
@@ -22,17 +23,51 @@ struct GptOssLayer {
   std::vector<float> gate_up_bias, down_bias;  // [E, 2I] and [E, H]
 };
 
+#if ANVIL_WITH_CUDA
+struct GptOssCudaLayer {
+  const float *input_norm, *post_attention_norm, *sinks;
+  const float *qkv_bias, *o_bias, *router_bias;
+  const uint16_t *qkv_proj, *o_proj, *router;  // bf16 [out, in]; q, k, v stacked in one matrix
+  cuda::MoeMxfp4Weights experts;
+};
+
+struct GptOssCuda {
+  explicit GptOssCuda(WeightSource& source) : weights(source) {}
+  DeviceWeights weights;
+  std::vector<GptOssCudaLayer> layers;
+  const uint16_t *embed_tokens = nullptr, *lm_head = nullptr;
+  const float *final_norm = nullptr, *inv_freq = nullptr;
+  DeviceStep step;
+  DeviceArena arena;
+};
+#endif
+
 class GptOss : public Model {
  public:
-  GptOss(const ModelConfig& config, std::unique_ptr<WeightSource> weights)
-      : Model(config, std::move(weights)), rope_(config.rope, config.head_dim) {
+  GptOss(const ModelConfig& config, std::unique_ptr<WeightSource> weights, Device device)
+      : Model(config, std::move(weights), device), rope_(config.rope, config.head_dim) {
     if (config.quant_method != QuantMethod::Mxfp4)
       fail("gpt-oss checkpoints without MXFP4 experts are not supported yet (quantization_config.quant_method)");
+    if (config.hidden_size % 32 || config.intermediate_size % 32)
+      fail("gpt-oss hidden_size and intermediate_size must be multiples of 32");
+#if ANVIL_WITH_CUDA
+    if (device == Device::Cuda) {
+      load_cuda();
+      return;
+    }
+#endif
     load();
   }
 
   size_t weight_bytes_per_token() const override {
     const auto& c = config_;
+    if (device_ == Device::Cuda) {
+      const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim, h = c.hidden_size;
+      const int64_t i = c.intermediate_size;
+      const int64_t attention = 2 * (q * h + 2 * kv * h + h * q + c.num_experts * h);
+      const int64_t expert = (2 * i * h + h * i) / 32 * 17;  // 16 bytes of codes + 1 scale per 32 weights
+      return size_t(h * 2 + c.vocab_size * h * 2 + c.num_layers * (attention + c.num_experts_per_tok * expert));
+    }
     size_t bytes = size_t(c.hidden_size) * 2 + lm_head_.weight_bytes();  // one embedding row + lm_head
     for (const auto& layer : layers_) {
       bytes += layer.q_proj.weight_bytes() + layer.k_proj.weight_bytes() + layer.v_proj.weight_bytes() +
@@ -43,6 +78,9 @@ class GptOss : public Model {
   }
 
   void forward(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, float* logits) override {
+#if ANVIL_WITH_CUDA
+    if (device_ == Device::Cuda) return forward_cuda(batch, kv_cache, logits, nullptr);
+#endif
     const auto& c = config_;
     const StepContext step(batch, kv_layout_, c);
     const int64_t rows = step.rows, hidden = c.hidden_size, head_dim = c.head_dim;
@@ -129,12 +167,148 @@ class GptOss : public Model {
     }
   }
 
+#if ANVIL_WITH_CUDA
+  void forward_argmax(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, int32_t* token_ids) override {
+    if (device_ != Device::Cuda) return Model::forward_argmax(batch, kv_cache, token_ids);
+    forward_cuda(batch, kv_cache, nullptr, token_ids);
+  }
+
+  // The same pass on the GPU: bf16 weights and matrix inputs, float32 residual stream and
+  // accumulation, bf16 KV cache. Step metadata goes up once; only the logits come back.
+  // Writes logits to the host, or (token_ids set) only their argmax per row.
+  void forward_cuda(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, float* logits, int32_t* token_ids) {
+    const auto& c = config_;
+    GptOssCuda& g = *cuda_;
+    const cuda::Stream stream = nullptr;
+    g.step.upload(batch, kv_layout_, c, stream);
+    const int64_t rows = g.step.rows, hidden = c.hidden_size, head_dim = c.head_dim;
+    const int64_t q_width = c.num_heads * head_dim, kv_width = c.num_kv_heads * head_dim;
+    const int64_t experts = c.num_experts, top_k = c.num_experts_per_tok;
+    const float eps = float(c.rms_norm_eps);
+    float* x = g.arena.get<float>(0, rows * hidden);
+    uint16_t* h = g.arena.get<uint16_t>(1, rows * hidden);
+    float* q = g.arena.get<float>(2, rows * q_width);
+    float* qkv = g.arena.get<float>(15, rows * (q_width + 2 * kv_width));
+    float* h_f32 = g.arena.get<float>(16, rows * hidden);
+    float* k = g.arena.get<float>(3, rows * kv_width);
+    float* v = g.arena.get<float>(4, rows * kv_width);
+    uint16_t* attn = g.arena.get<uint16_t>(5, rows * q_width);
+    float* projected = g.arena.get<float>(6, rows * hidden);
+    float* router_logits = g.arena.get<float>(7, rows * experts);
+    int32_t* expert_ids = g.arena.get<int32_t>(8, rows * top_k);
+    float* expert_weights = g.arena.get<float>(9, rows * top_k);
+    const size_t moe_bytes = cuda::moe_mxfp4_workspace_bytes(rows, int(top_k), experts, hidden, c.intermediate_size);
+    void* moe_workspace = g.arena.get<uint8_t>(10, int64_t(moe_bytes));
+    const size_t attention_bytes = cuda::attention_workspace_bytes(rows, c.num_heads, head_dim);
+    void* attention_workspace = g.arena.get<uint8_t>(11, int64_t(attention_bytes));
+
+    cuda::embedding_bf16(g.embed_tokens, g.step.tokens, rows, hidden, x, stream);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const GptOssCudaLayer& layer = g.layers[size_t(l)];
+      const int group = kv_layout_.layer_group[size_t(l)];
+      const int64_t slot = kv_layout_.layer_slot[size_t(l)];
+
+      cuda::rms_norm_to_bf16(x, rows, hidden, layer.input_norm, eps, h, stream);
+      cuda::linear_bf16(layer.qkv_proj, layer.qkv_bias, h, rows, q_width + 2 * kv_width, hidden, qkv, stream);
+      cuda::split_qkv_rope(qkv, rows, c.num_heads, c.num_kv_heads, head_dim, g.step.positions, g.inv_freq,
+                           rope_.attention_scale(), q, k, v, stream);
+      cuda::AttentionShape shape;
+      shape.num_heads = c.num_heads;
+      shape.num_kv_heads = c.num_kv_heads;
+      shape.head_dim = head_dim;
+      shape.scale = 1.0f / std::sqrt(float(head_dim));
+      shape.sliding_window = kv_layout_.group_window[size_t(group)];
+      shape.sinks = layer.sinks;
+      KvGroupStorage& storage = kv_cache[size_t(group)];
+      const cuda::KvLayerCache cache{storage.device_keys(slot), storage.device_values(slot), storage.shape().block_size};
+      cuda::kv_cache_write(g.step.groups[size_t(group)], shape, k, v, cache, stream);
+      cuda::paged_attention(g.step.groups[size_t(group)], shape, q, cache, attn, attention_workspace, attention_bytes,
+                            stream);
+      cuda::linear_bf16(layer.o_proj, layer.o_bias, attn, rows, hidden, q_width, projected, stream);
+      cuda::add_inplace(x, projected, rows * hidden, stream);
+
+      // The router sees the float32 norm output: routing is a discrete choice, and a bf16-rounded
+      // input can flip a near-tie between experts, a large error for that token.
+      cuda::rms_norm_f32(x, rows, hidden, layer.post_attention_norm, eps, h_f32, stream);
+      cuda::rms_norm_to_bf16(x, rows, hidden, layer.post_attention_norm, eps, h, stream);
+      cuda::linear_f32_input(layer.router, layer.router_bias, h_f32, rows, experts, hidden, router_logits, stream);
+      cuda::moe_topk_softmax(router_logits, rows, experts, int(top_k), expert_ids, expert_weights, stream);
+      cuda::moe_mxfp4(layer.experts, h, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace, moe_bytes,
+                      stream);
+    }
+
+    const int64_t logit_rows = g.step.logit_rows;
+    if (logit_rows > 0) {
+      float* last = g.arena.get<float>(12, logit_rows * hidden);
+      uint16_t* normed = g.arena.get<uint16_t>(13, logit_rows * hidden);
+      float* device_logits = g.arena.get<float>(14, logit_rows * c.vocab_size);
+      cuda::gather_rows_f32(x, g.step.logit_row_index, logit_rows, hidden, last, stream);
+      cuda::rms_norm_to_bf16(last, logit_rows, hidden, g.final_norm, eps, normed, stream);
+      cuda::linear_bf16(g.lm_head, nullptr, normed, logit_rows, c.vocab_size, hidden, device_logits, stream);
+      if (token_ids) {
+        int32_t* device_ids = g.arena.get<int32_t>(17, logit_rows);
+        cuda::argmax_rows(device_logits, logit_rows, c.vocab_size, device_ids, stream);
+        cuda::copy_to_host(token_ids, device_ids, size_t(logit_rows) * sizeof(int32_t), stream);
+      } else {
+        cuda::copy_to_host(logits, device_logits, size_t(logit_rows * c.vocab_size) * sizeof(float), stream);
+      }
+    }
+    cuda::synchronize(stream);
+  }
+
+  void load_cuda() {
+    const auto& c = config_;
+    cuda_ = std::make_unique<GptOssCuda>(*weights_);
+    DeviceWeights& w = cuda_->weights;
+    const int64_t hidden = c.hidden_size, head_dim = c.head_dim, experts = c.num_experts;
+    const int64_t width = c.intermediate_size, q_width = c.num_heads * head_dim, kv_width = c.num_kv_heads * head_dim;
+    cuda_->embed_tokens = w.bf16("model.embed_tokens.weight", {c.vocab_size, hidden});
+    cuda_->layers.resize(size_t(c.num_layers));
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      GptOssCudaLayer& layer = cuda_->layers[size_t(l)];
+      const std::string p = "model.layers." + std::to_string(l);
+      layer.input_norm = w.f32(p + ".input_layernorm.weight", {hidden});
+      layer.post_attention_norm = w.f32(p + ".post_attention_layernorm.weight", {hidden});
+      layer.sinks = w.f32(p + ".self_attn.sinks", {c.num_heads});
+      const std::string a = p + ".self_attn.";
+      layer.qkv_proj = w.stacked_bf16({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                                      {q_width, kv_width, kv_width}, hidden);
+      layer.o_proj = w.bf16(p + ".self_attn.o_proj.weight", {hidden, q_width});
+      layer.router = w.bf16(p + ".mlp.router.weight", {experts, hidden});
+      std::vector<float> qkv_bias = load_f32(*weights_, a + "q_proj.bias", {q_width});
+      for (const char* name : {"k_proj.bias", "v_proj.bias"}) {
+        const auto part = load_f32(*weights_, a + name, {kv_width});
+        qkv_bias.insert(qkv_bias.end(), part.begin(), part.end());
+      }
+      layer.qkv_bias = w.upload(qkv_bias);
+      layer.o_bias = w.f32(p + ".self_attn.o_proj.bias", {hidden});
+      layer.router_bias = w.f32(p + ".mlp.router.bias", {experts});
+      cuda::MoeMxfp4Weights& e = layer.experts;
+      const std::string m = p + ".mlp.experts.";
+      e.gate_up_blocks = w.u8(m + "gate_up_proj_blocks", {experts, 2 * width, hidden / 32, 16});
+      e.gate_up_scales = w.u8(m + "gate_up_proj_scales", {experts, 2 * width, hidden / 32});
+      e.gate_up_bias = w.f32(m + "gate_up_proj_bias", {experts, 2 * width});
+      e.down_blocks = w.u8(m + "down_proj_blocks", {experts, hidden, width / 32, 16});
+      e.down_scales = w.u8(m + "down_proj_scales", {experts, hidden, width / 32});
+      e.down_bias = w.f32(m + "down_proj_bias", {experts, hidden});
+      e.num_experts = experts;
+      e.hidden = hidden;
+      e.intermediate = width;
+      e.swiglu_limit = float(c.swiglu_limit);
+    }
+    cuda_->final_norm = w.f32("model.norm.weight", {hidden});
+    cuda_->lm_head = w.bf16("lm_head.weight", {c.vocab_size, hidden});
+    cuda_->inv_freq = w.upload(rope_.inv_freq());
+  }
+
+  std::unique_ptr<GptOssCuda> cuda_;
+#endif
+
   void load() {
     const auto& c = config_;
     WeightSource& w = *weights_;
     const int64_t hidden = c.hidden_size, head_dim = c.head_dim, experts = c.num_experts;
     const int64_t width = c.intermediate_size;
-    if (hidden % 32 || width % 32) fail("gpt-oss hidden_size and intermediate_size must be multiples of 32");
     embed_tokens_ = w.get("model.embed_tokens.weight", {c.vocab_size, hidden}, DType::BF16,
                           {DType::BF16, DType::F32, DType::F16});
     layers_.resize(size_t(c.num_layers));
@@ -185,8 +359,9 @@ class GptOss : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt_oss(const ModelConfig& config, std::unique_ptr<WeightSource> weights) {
-  return std::make_unique<GptOss>(config, std::move(weights));
+std::unique_ptr<Model> make_gpt_oss(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
+                                    const LoadOptions& options) {
+  return std::make_unique<GptOss>(config, std::move(weights), options.device);
 }
 
 }  // namespace anvil

@@ -16,6 +16,8 @@
 
 namespace anvil {
 
+enum class Device { Cpu, Cuda };
+
 // How the model's layers map onto KV cache groups. Layers attending the same way share a group.
 struct KvLayout {
   int64_t kv_heads = 0;
@@ -24,6 +26,7 @@ struct KvLayout {
   std::vector<int64_t> layer_slot;        // per layer: index within its group
   std::vector<int64_t> group_layers;      // per group: how many layers
   std::vector<int64_t> group_window;      // per group: sliding window, 0 for full attention
+  KvDevice device = KvDevice::Host;       // where the model wants its cache
   int num_groups() const { return int(group_layers.size()); }
 };
 
@@ -51,12 +54,17 @@ class Model {
   // Bytes of weights one decoded token reads (experts counted at top-k): for bandwidth figures.
   virtual size_t weight_bytes_per_token() const = 0;
   size_t weight_bytes_total() const { return weights_->bytes_loaded(); }
+  Device device() const { return device_; }
   // Writes logits [batch.logit_rows(), vocab] and appends the batch's keys/values to the cache.
   virtual void forward(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, float* logits) = 0;
+  // The same step, returning only each logit row's argmax (ties to the lower id): greedy decoding
+  // without moving logits off the device. This default runs forward() and picks on the host.
+  virtual void forward_argmax(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, int32_t* token_ids);
 
  protected:
-  Model(ModelConfig config, std::unique_ptr<WeightSource> weights);
+  Model(ModelConfig config, std::unique_ptr<WeightSource> weights, Device device = Device::Cpu);
   ModelConfig config_;
+  Device device_ = Device::Cpu;
   KvLayout kv_layout_;
   std::unique_ptr<WeightSource> weights_;
 };
@@ -67,18 +75,28 @@ struct LoadOptions {
   LoadFormat format = LoadFormat::Auto;
   uint64_t dummy_seed = 0;
   bool rope_inv_freq_bf16 = false;  // see RopeConfig::inv_freq_bf16
+  Device device = Device::Cpu;
+  int cuda_device = 0;
 };
 
 // Reads config.json (and the weights unless dummy) from model_dir.
 std::unique_ptr<Model> load_model(const std::filesystem::path& model_dir, const LoadOptions& options = {});
 // Builds a model from a parsed config and a weight source.
-std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<WeightSource> weights);
+std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
+                                    const LoadOptions& options = {});
 
 // Registry: one line per architecture, in registry.cpp.
-using ModelFactory = std::function<std::unique_ptr<Model>(const ModelConfig&, std::unique_ptr<WeightSource>)>;
-std::unique_ptr<Model> make_gpt_oss(const ModelConfig& config, std::unique_ptr<WeightSource> weights);
-std::unique_ptr<Model> make_qwen3(const ModelConfig& config, std::unique_ptr<WeightSource> weights);
-std::unique_ptr<Model> make_qwen3_moe(const ModelConfig& config, std::unique_ptr<WeightSource> weights);
+using ModelFactory =
+    std::function<std::unique_ptr<Model>(const ModelConfig&, std::unique_ptr<WeightSource>, const LoadOptions&)>;
+std::unique_ptr<Model> make_gpt_oss(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
+                                    const LoadOptions& options);
+std::unique_ptr<Model> make_qwen3(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
+                                  const LoadOptions& options);
+std::unique_ptr<Model> make_qwen3_moe(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
+                                      const LoadOptions& options);
+
+// Whether an architecture's model file has a CUDA forward pass.
+bool architecture_has_cuda_path(const std::string& architecture);
 
 // Groups: 0 = full-attention layers, 1 = sliding-window layers (when the model has any).
 KvLayout make_kv_layout(const ModelConfig& config);

@@ -211,11 +211,15 @@ class Qwen3 : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_qwen3(const ModelConfig& config, std::unique_ptr<WeightSource> weights) {
+std::unique_ptr<Model> make_qwen3(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
+                                  const LoadOptions& options) {
+  if (options.device != Device::Cpu) fail("Qwen3 runs on the CPU only so far (--device cpu)");
   return std::make_unique<Qwen3>(config, std::move(weights));
 }
 
-std::unique_ptr<Model> make_qwen3_moe(const ModelConfig& config, std::unique_ptr<WeightSource> weights) {
+std::unique_ptr<Model> make_qwen3_moe(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
+                                      const LoadOptions& options) {
+  if (options.device != Device::Cpu) fail("Qwen3-MoE runs on the CPU only so far (--device cpu)");
   return std::make_unique<Qwen3>(config, std::move(weights));
 }
 

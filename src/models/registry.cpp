@@ -1,5 +1,7 @@
+#include <algorithm>
 #include <map>
 
+#include "backend/cuda/runtime.h"
 #include "core/error.h"
 #include "models/model.h"
 
@@ -16,14 +18,30 @@ const std::map<std::string, ModelFactory>& registry() {
 }
 }  // namespace
 
+bool architecture_has_cuda_path(const std::string& architecture) {
+  return cuda::compiled_in() && architecture == "GptOssForCausalLM";
+}
+
 int64_t StepBatch::logit_rows() const {
   int64_t rows = 0;
   for (const auto& seq : sequences) rows += seq.all_logits ? seq.num_tokens : seq.need_logits ? 1 : 0;
   return rows;
 }
 
-Model::Model(ModelConfig config, std::unique_ptr<WeightSource> weights)
-    : config_(std::move(config)), kv_layout_(make_kv_layout(config_)), weights_(std::move(weights)) {}
+Model::Model(ModelConfig config, std::unique_ptr<WeightSource> weights, Device device)
+    : config_(std::move(config)), device_(device), kv_layout_(make_kv_layout(config_)), weights_(std::move(weights)) {
+  kv_layout_.device = device == Device::Cuda ? KvDevice::Cuda : KvDevice::Host;
+}
+
+void Model::forward_argmax(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, int32_t* token_ids) {
+  const int64_t rows = batch.logit_rows(), vocab = config_.vocab_size;
+  std::vector<float> logits(static_cast<size_t>(rows * vocab));
+  forward(batch, kv_cache, logits.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits.data() + r * vocab;
+    token_ids[r] = int32_t(std::max_element(row, row + vocab) - row);
+  }
+}
 
 KvLayout make_kv_layout(const ModelConfig& config) {
   KvLayout layout;
@@ -44,11 +62,13 @@ KvLayout make_kv_layout(const ModelConfig& config) {
   return layout;
 }
 
-std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<WeightSource> weights) {
+std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
+                                    const LoadOptions& options) {
   const auto& factories = registry();
   const auto found = factories.find(config.architecture);
   if (found == factories.end()) fail("architecture '{}' is not supported", config.architecture);
-  return found->second(config, std::move(weights));
+  if (options.device == Device::Cuda) cuda::select_device(options.cuda_device);
+  return found->second(config, std::move(weights), options);
 }
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& model_dir, const LoadOptions& options) {
@@ -57,7 +77,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& model_dir, const 
   config.rope.inv_freq_bf16 = options.rope_inv_freq_bf16;
   auto weights = options.format == LoadFormat::Dummy ? make_dummy_weights(options.dummy_seed)
                                                      : open_checkpoint_weights(model_dir);
-  return create_model(config, std::move(weights));
+  return create_model(config, std::move(weights), options);
 }
 
 }  // namespace anvil

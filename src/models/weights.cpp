@@ -73,46 +73,65 @@ class DummyWeights : public WeightSource {
 
   bool has(const std::string&) const override { return true; }
 
+  std::optional<DummyRecipe> dummy_recipe(const std::string& name, const std::vector<int64_t>& shape,
+                                          DType dtype) const override {
+    DummyRecipe recipe;
+    recipe.name_hash = std::hash<std::string>{}(name) ^ seed_;
+    const int64_t fan_in = shape.empty() ? 1 : shape.back();
+    const bool is_norm = name.find("norm") != std::string::npos;
+    const bool is_bias = ends_with(name, "bias") || ends_with(name, "sinks");
+    const bool is_scales = ends_with(name, "_scales");
+    if (dtype == DType::U8 && is_scales) {
+      // MXFP4 values average about 2.6 in magnitude; pick the power of two that brings the row to
+      // roughly the same spread as a dense layer of the same fan-in.
+      const int64_t mxfp4_fan_in = fan_in * 32;
+      const int scale_exponent = -int(std::ceil(std::log2(std::sqrt(double(mxfp4_fan_in)) * 2.6)));
+      recipe.kind = DummyRecipe::Kind::Constant;
+      recipe.constant = uint8_t(127 + scale_exponent);
+    } else if (dtype == DType::U8) {
+      recipe.kind = DummyRecipe::Kind::RandomBytes;  // packed FP4 codes: uniformly random bytes
+    } else if (is_norm) {
+      recipe.kind = DummyRecipe::Kind::Norm;
+    } else {
+      recipe.kind = DummyRecipe::Kind::Uniform;
+      recipe.bound = is_bias ? 0.1f : std::sqrt(3.0f / float(fan_in));
+    }
+    return recipe;
+  }
+
  private:
   static bool ends_with(const std::string& text, const std::string& suffix) {
     return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
   }
 
   void fill(const std::string& name, const TensorView& view, uint8_t* bytes) const {
-    const uint64_t name_hash = std::hash<std::string>{}(name) ^ seed_;
+    const DummyRecipe recipe = *dummy_recipe(name, view.shape, view.dtype);
     const int64_t n = view.numel();
-    const int64_t fan_in = view.shape.empty() ? 1 : view.shape.back();
-    const bool is_norm = name.find("norm") != std::string::npos;
-    const bool is_bias = ends_with(name, "bias") || ends_with(name, "sinks");
-    const bool is_scales = ends_with(name, "_scales");
-    // MXFP4 values average about 2.6 in magnitude; pick the power of two that brings the row to
-    // roughly the same spread as a dense layer of the same fan-in.
-    const int64_t mxfp4_fan_in = is_scales ? fan_in * 32 : 1;
-    const int scale_exponent = is_scales ? -int(std::ceil(std::log2(std::sqrt(double(mxfp4_fan_in)) * 2.6))) : 0;
-    const float bound = is_bias ? 0.1f : std::sqrt(3.0f / float(fan_in));
     constexpr int64_t kChunk = 1 << 16;
     default_thread_pool().parallel_for((n + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
       for (int64_t chunk = begin; chunk < end; ++chunk) {
-        uint64_t state = name_hash * 0x100000001b3ull + uint64_t(chunk);
+        uint64_t state = recipe.name_hash * 0x100000001b3ull + uint64_t(chunk);
         const int64_t first = chunk * kChunk, last = std::min(n, first + kChunk);
-        if (view.dtype == DType::U8 && !is_scales) {
-          // Packed FP4 codes are uniformly random bytes; eight per draw keeps 20B-parameter
-          // dummy models quick to build.
+        if (recipe.kind == DummyRecipe::Kind::RandomBytes) {
+          // Eight bytes per draw keeps 20B-parameter dummy models quick to build.
           for (int64_t i = first; i < last; i += 8) {
             const uint64_t random = splitmix64(state);
             std::memcpy(bytes + i, &random, size_t(std::min<int64_t>(8, last - i)));
           }
           continue;
         }
+        if (recipe.kind == DummyRecipe::Kind::Constant) {
+          std::memset(bytes + first, recipe.constant, size_t(last - first));
+          continue;
+        }
         for (int64_t i = first; i < last; ++i) {
           const uint64_t random = splitmix64(state);
           const float unit = float(random >> 40) / float(1 << 24) * 2.0f - 1.0f;  // U(-1, 1)
-          float value = is_norm ? 1.0f + 0.1f * unit : bound * unit;
+          const float value = recipe.kind == DummyRecipe::Kind::Norm ? 1.0f + 0.1f * unit : recipe.bound * unit;
           switch (view.dtype) {
             case DType::F32: reinterpret_cast<float*>(bytes)[i] = value; break;
             case DType::BF16: reinterpret_cast<uint16_t*>(bytes)[i] = f32_to_bf16(value); break;
             case DType::F16: reinterpret_cast<uint16_t*>(bytes)[i] = f32_to_f16(value); break;
-            case DType::U8: bytes[i] = uint8_t(127 + scale_exponent); break;
             default: fail("dummy weights cannot generate dtype {} for '{}'", dtype_name(view.dtype), name);
           }
         }

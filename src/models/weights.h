@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,15 @@ namespace anvil {
 
 class Checkpoint;
 
+// How a dummy tensor's values are made (see DummyWeights in weights.cpp). A device backend that
+// gets one from WeightSource::dummy_recipe generates the tensor itself, value for value the same.
+struct DummyRecipe {
+  enum class Kind { Uniform, Norm, RandomBytes, Constant } kind = Kind::Uniform;
+  uint64_t name_hash = 0;
+  float bound = 0.0f;
+  uint8_t constant = 0;
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -24,6 +34,13 @@ class WeightSource {
   virtual TensorView get(const std::string& name, const std::vector<int64_t>& shape, DType preferred,
                          std::initializer_list<DType> accepted) = 0;
   virtual bool has(const std::string& name) const = 0;
+  // For dummy sources: how `name` would be generated, without generating it (the caller makes
+  // it, e.g. on a GPU, and counts its bytes with count_external). Empty for checkpoints.
+  virtual std::optional<DummyRecipe> dummy_recipe(const std::string& name, const std::vector<int64_t>& shape,
+                                                  DType dtype) const {
+    return std::nullopt;
+  }
+  void count_external(size_t bytes) { bytes_loaded_ += bytes; }
   // Bytes of all tensors handed out so far.
   size_t bytes_loaded() const { return bytes_loaded_; }
 

@@ -1,5 +1,7 @@
 #include "support/test_support.h"
 
+#include <cstdlib>
+
 #include <sys/wait.h>
 #include <zlib.h>
 
@@ -11,7 +13,12 @@
 
 namespace anvil::test {
 
-std::filesystem::path fixtures_dir() { return ANVIL_FIXTURES_DIR; }
+// ANVIL_FIXTURES_DIR in the environment wins: the GPU machine gets a copy of the fixtures inside
+// the repository (../shared does not travel there).
+std::filesystem::path fixtures_dir() {
+  if (const char* from_env = std::getenv("ANVIL_FIXTURES_DIR"); from_env && *from_env) return from_env;
+  return ANVIL_FIXTURES_DIR;
+}
 
 TempDir::TempDir() {
   std::random_device device;

@@ -1,0 +1,301 @@
+// Paged attention for prefill and decode in one kernel family, on CUDA cores in float32.
+//
+// Work item: one sequence, one KV head, one tile of BQ query vectors, one split of the context.
+// A query tile packs the G query heads that share the KV head (GQA) row by row, so a decode row
+// of gpt-oss (G = 8) fills half of a 16-vector tile instead of one 64th of a 64-row tile. Keys and
+// values stream through shared memory in tiles of BK positions (gathered through the block
+// table), with an online softmax (running max and sum per query). When few work items exist
+// (decode), the context is split and a second kernel merges the partial results, flash-decoding
+// style. Learned sinks join the softmax denominator only, once, at the end.
+//
+// Why CUDA cores, not tensor cores: the step's attention FLOPs are small next to its weight
+// reads at decode, and at a 2048-token prefill they are ~4e10 per full layer, a few ms in all.
+#include <algorithm>
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/ops.h"
+
+namespace anvil::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;      // 16 row groups x 8 column groups
+constexpr int kKeysPerTile = 32;   // BK
+constexpr int kMaxSplits = 16;
+constexpr int64_t kMaxSplitRows = 64;  // splitting is for decode-sized steps only
+
+struct TileInfo {
+  int seq, first_vector, num_vectors, row_begin, start_pos;
+};
+
+template <int D, int BQ>
+__global__ void __launch_bounds__(kThreads) attention_kernel(AttentionBatch batch, AttentionShape shape, const float* q,
+                                                              KvLayerCache cache, uint16_t* out, float* partials,
+                                                              int splits, int tiles_per_sequence) {
+  constexpr int TR = BQ / 16;       // query vectors per thread
+  constexpr int TC = kKeysPerTile / 8;  // keys per thread in the score tile
+  constexpr int TD = D / 8;         // output dims per thread
+  extern __shared__ float smem[];
+  float* q_tile = smem;                           // [BQ][D + 1]
+  float* k_tile = q_tile + BQ * (D + 1);          // [BK][D + 1]
+  float* v_tile = k_tile + kKeysPerTile * (D + 1);  // [BK][D]
+  float* p_tile = v_tile + kKeysPerTile * D;      // [BQ][BK + 1]
+
+  const int seq = blockIdx.x / tiles_per_sequence;
+  const int q_tile_index = blockIdx.x % tiles_per_sequence;
+  const int kv_head = blockIdx.y, split = blockIdx.z;
+  const int group = int(shape.num_heads / shape.num_kv_heads);
+  const int row_begin = batch.row_begin[seq], new_rows = batch.row_begin[seq + 1] - row_begin;
+  const int first_vector = q_tile_index * BQ;
+  const int num_vectors = min(BQ, new_rows * group - first_vector);
+  if (num_vectors <= 0) return;
+  const int start_pos = batch.start_pos[seq];
+  const int tid = threadIdx.x, row_group = tid / 8, col_group = tid % 8;
+  const int64_t q_stride = shape.num_heads * D, kv_stride = shape.num_kv_heads * D;
+
+  // Query vector v of this tile: row first_vector + v divided by G, head kv_head * G + remainder.
+  for (int i = tid; i < BQ * D; i += kThreads) {
+    const int v = i / D, d = i % D;
+    float value = 0.0f;
+    if (v < num_vectors) {
+      const int global = first_vector + v, row = row_begin + global / group, head = kv_head * group + global % group;
+      value = q[int64_t(row) * q_stride + int64_t(head) * D + d];
+    }
+    q_tile[v * (D + 1) + d] = value;
+  }
+
+  // The keys this tile can see: up to its last query's position, and for a sliding layer from the
+  // first query's window start.
+  const int first_pos = start_pos + first_vector / group;
+  const int last_pos = start_pos + (first_vector + num_vectors - 1) / group;
+  int key_begin = 0;
+  if (shape.sliding_window > 0) key_begin = max(0, first_pos - int(shape.sliding_window) + 1);
+  key_begin -= key_begin % kKeysPerTile;
+  const int key_tiles = (last_pos + 1 - key_begin + kKeysPerTile - 1) / kKeysPerTile;
+  const int tile_lo = int(int64_t(key_tiles) * split / splits), tile_hi = int(int64_t(key_tiles) * (split + 1) / splits);
+
+  int my_pos[TR];
+  bool my_valid[TR];
+  for (int i = 0; i < TR; ++i) {
+    const int v = row_group * TR + i;
+    my_valid[i] = v < num_vectors;
+    my_pos[i] = start_pos + (first_vector + v) / group;
+  }
+  float row_max[TR], row_sum[TR], acc[TR][TD];
+  for (int i = 0; i < TR; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.0f;
+    for (int j = 0; j < TD; ++j) acc[i][j] = 0.0f;
+  }
+  const int block_size = int(cache.block_size);
+  const int32_t* table = batch.block_tables + int64_t(seq) * batch.max_blocks;
+
+  for (int key_tile = tile_lo; key_tile < tile_hi; ++key_tile) {
+    const int tile_start = key_begin + key_tile * kKeysPerTile;
+    __syncthreads();  // previous tile's k/v/p reads are done
+    for (int i = tid; i < kKeysPerTile * (D / 8); i += kThreads) {
+      const int key = i / (D / 8), chunk = i % (D / 8);
+      const int pos = tile_start + key;
+      uint4 k_raw = make_uint4(0, 0, 0, 0), v_raw = make_uint4(0, 0, 0, 0);
+      if (pos <= last_pos) {
+        const int block = table[pos / block_size];
+        if (block >= 0) {
+          const int64_t offset = (int64_t(block) * block_size + pos % block_size) * kv_stride + int64_t(kv_head) * D + chunk * 8;
+          k_raw = *reinterpret_cast<const uint4*>(cache.keys + offset);
+          v_raw = *reinterpret_cast<const uint4*>(cache.values + offset);
+        }
+      }
+      const uint32_t kw[4] = {k_raw.x, k_raw.y, k_raw.z, k_raw.w}, vw[4] = {v_raw.x, v_raw.y, v_raw.z, v_raw.w};
+      for (int w = 0; w < 4; ++w) {
+        k_tile[key * (D + 1) + chunk * 8 + 2 * w] = __uint_as_float(kw[w] << 16);
+        k_tile[key * (D + 1) + chunk * 8 + 2 * w + 1] = __uint_as_float(kw[w] & 0xffff0000u);
+        v_tile[key * D + chunk * 8 + 2 * w] = __uint_as_float(vw[w] << 16);
+        v_tile[key * D + chunk * 8 + 2 * w + 1] = __uint_as_float(vw[w] & 0xffff0000u);
+      }
+    }
+    __syncthreads();
+
+    float score[TR][TC];
+    for (int i = 0; i < TR; ++i)
+      for (int c = 0; c < TC; ++c) score[i][c] = 0.0f;
+    for (int d = 0; d < D; ++d) {
+      float kv[TC];
+      for (int c = 0; c < TC; ++c) kv[c] = k_tile[(col_group + 8 * c) * (D + 1) + d];
+      for (int i = 0; i < TR; ++i) {
+        const float qv = q_tile[(row_group * TR + i) * (D + 1) + d];
+        for (int c = 0; c < TC; ++c) score[i][c] = fmaf(qv, kv[c], score[i][c]);
+      }
+    }
+    for (int i = 0; i < TR; ++i) {
+      float tile_max = -INFINITY;
+      for (int c = 0; c < TC; ++c) {
+        const int pos = tile_start + col_group + 8 * c;
+        const bool visible = my_valid[i] && pos <= my_pos[i] &&
+                             (shape.sliding_window == 0 || pos > my_pos[i] - int(shape.sliding_window));
+        score[i][c] = visible ? score[i][c] * shape.scale : -INFINITY;
+        tile_max = fmaxf(tile_max, score[i][c]);
+      }
+      for (int offset = 1; offset < 8; offset *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
+      const float new_max = fmaxf(row_max[i], tile_max);
+      // All keys of this tile hidden so far for this row: nothing changes.
+      const float correction = new_max == -INFINITY ? 1.0f : expf(row_max[i] - new_max);
+      float tile_sum = 0.0f;
+      for (int c = 0; c < TC; ++c) {
+        const float p = new_max == -INFINITY ? 0.0f : expf(score[i][c] - new_max);
+        p_tile[(row_group * TR + i) * (kKeysPerTile + 1) + col_group + 8 * c] = p;
+        tile_sum += p;
+      }
+      for (int offset = 1; offset < 8; offset *= 2) tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, offset);
+      row_sum[i] = row_sum[i] * correction + tile_sum;
+      row_max[i] = new_max;
+      for (int j = 0; j < TD; ++j) acc[i][j] *= correction;
+    }
+    __syncthreads();
+    for (int key = 0; key < kKeysPerTile; ++key) {
+      float vv[TD];
+      for (int j = 0; j < TD; ++j) vv[j] = v_tile[key * D + col_group + 8 * j];
+      for (int i = 0; i < TR; ++i) {
+        const float p = p_tile[(row_group * TR + i) * (kKeysPerTile + 1) + key];
+        for (int j = 0; j < TD; ++j) acc[i][j] = fmaf(p, vv[j], acc[i][j]);
+      }
+    }
+  }
+
+  for (int i = 0; i < TR; ++i) {
+    if (!my_valid[i]) continue;
+    const int global = first_vector + row_group * TR + i;
+    const int row = row_begin + global / group, head = kv_head * group + global % group;
+    if (splits == 1) {
+      float denominator = row_sum[i];
+      if (shape.sinks) denominator += expf(shape.sinks[head] - row_max[i]);
+      const float inv = denominator > 0.0f ? 1.0f / denominator : 0.0f;
+      uint16_t* target = out + int64_t(row) * q_stride + int64_t(head) * D;
+      for (int j = 0; j < TD; ++j) target[col_group + 8 * j] = __bfloat16_as_ushort(__float2bfloat16_rn(acc[i][j] * inv));
+    } else {
+      float* partial = partials + ((int64_t(row) * shape.num_heads + head) * splits + split) * (D + 2);
+      for (int j = 0; j < TD; ++j) partial[col_group + 8 * j] = acc[i][j];
+      if (col_group == 0) {
+        partial[D] = row_max[i];
+        partial[D + 1] = row_sum[i];
+      }
+    }
+  }
+}
+
+// One block per (row, head): combines the splits' (max, sum, unnormalized output) and the sink.
+__global__ void merge_splits_kernel(const float* partials, int splits, int64_t num_heads, int head_dim,
+                                    const float* sinks, uint16_t* out) {
+  const int64_t row = blockIdx.x, head = blockIdx.y;
+  const float* base = partials + (row * num_heads + head) * splits * (head_dim + 2);
+  float global_max = -INFINITY;
+  for (int s = 0; s < splits; ++s) global_max = fmaxf(global_max, base[s * (head_dim + 2) + head_dim]);
+  float denominator = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float m = base[s * (head_dim + 2) + head_dim];
+    if (m != -INFINITY) denominator += base[s * (head_dim + 2) + head_dim + 1] * expf(m - global_max);
+  }
+  if (sinks) denominator += expf(sinks[head] - global_max);
+  const float inv = denominator > 0.0f ? 1.0f / denominator : 0.0f;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float value = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float m = base[s * (head_dim + 2) + head_dim];
+      if (m != -INFINITY) value += base[s * (head_dim + 2) + d] * expf(m - global_max);
+    }
+    out[(row * num_heads + head) * head_dim + d] = __bfloat16_as_ushort(__float2bfloat16_rn(value * inv));
+  }
+}
+
+__global__ void kv_write_kernel(AttentionBatch batch, int64_t kv_width, const float* k, const float* v,
+                                KvLayerCache cache) {
+  const int64_t row = blockIdx.x;
+  const int seq = batch.row_sequence[row], pos = batch.row_position[row];
+  const int block = batch.block_tables[int64_t(seq) * batch.max_blocks + pos / cache.block_size];
+  if (block < 0) return;  // cannot happen for a new token; guards a bad table from scribbling
+  const int64_t offset = (int64_t(block) * cache.block_size + pos % cache.block_size) * kv_width;
+  for (int64_t i = threadIdx.x; i < kv_width; i += blockDim.x) {
+    cache.keys[offset + i] = __bfloat16_as_ushort(__float2bfloat16_rn(k[row * kv_width + i]));
+    cache.values[offset + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v[row * kv_width + i]));
+  }
+}
+
+template <int D, int BQ>
+void launch(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
+            uint16_t* out, float* partials, int splits, cudaStream_t stream) {
+  const int group = int(shape.num_heads / shape.num_kv_heads);
+  const int tiles_per_sequence = int(ceil_div(batch.max_new_tokens * group, BQ));
+  const size_t smem = sizeof(float) * (BQ * (D + 1) + kKeysPerTile * (D + 1) + kKeysPerTile * D + BQ * (kKeysPerTile + 1));
+  static bool configured = false;  // per template instance; the attribute is per kernel
+  if (!configured) {
+    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<D, BQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured = true;
+  }
+  const dim3 grid(unsigned(batch.num_sequences * tiles_per_sequence), unsigned(shape.num_kv_heads), unsigned(splits));
+  attention_kernel<D, BQ><<<grid, kThreads, smem, stream>>>(batch, shape, q, cache, out, partials, splits, tiles_per_sequence);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+template <int D>
+void dispatch_tile(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
+                   uint16_t* out, float* partials, int splits, cudaStream_t stream) {
+  const int64_t group = shape.num_heads / shape.num_kv_heads;
+  if (batch.max_new_tokens * group <= 16)
+    launch<D, 16>(batch, shape, q, cache, out, partials, splits, stream);
+  else
+    launch<D, 64>(batch, shape, q, cache, out, partials, splits, stream);
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(int64_t max_rows, int64_t num_heads, int64_t head_dim) {
+  return size_t(std::min(max_rows, kMaxSplitRows) * num_heads * kMaxSplits * (head_dim + 2)) * sizeof(float);
+}
+
+void kv_cache_write(const AttentionBatch& batch, const AttentionShape& shape, const float* k, const float* v,
+                    const KvLayerCache& cache, Stream stream) {
+  if (batch.num_rows == 0) return;
+  kv_write_kernel<<<unsigned(batch.num_rows), 128, 0, as_stream(stream)>>>(batch, shape.num_kv_heads * shape.head_dim, k,
+                                                                          v, cache);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                     const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,
+                     Stream stream) {
+  if (batch.num_rows == 0) return;
+  if (shape.num_kv_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0)
+    throw_cuda_error("paged_attention: num_heads must be a multiple of num_kv_heads", int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  // Split the context when the grid would leave most multiprocessors idle (decode) and each split
+  // still gets a few key tiles.
+  int splits = 1;
+  const int64_t group = shape.num_heads / shape.num_kv_heads;
+  const int64_t bq = batch.max_new_tokens * group <= 16 ? 16 : 64;
+  const int64_t work_items = batch.num_sequences * ceil_div(batch.max_new_tokens * group, bq) * shape.num_kv_heads;
+  if (batch.num_rows <= kMaxSplitRows && work_items < 264) {
+    const int64_t context = shape.sliding_window > 0 ? std::min(batch.max_context, shape.sliding_window + batch.max_new_tokens)
+                                                     : batch.max_context;
+    const int64_t by_length = context / (4 * kKeysPerTile);
+    const int64_t by_occupancy = ceil_div(264, work_items);
+    splits = int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
+  }
+  float* partials = static_cast<float*>(workspace);
+  if (splits > 1 &&
+      size_t(batch.num_rows * shape.num_heads * splits * (shape.head_dim + 2)) * sizeof(float) > workspace_bytes)
+    splits = 1;
+  const cudaStream_t s = as_stream(stream);
+  switch (shape.head_dim) {
+    case 32: dispatch_tile<32>(batch, shape, q, cache, out, partials, splits, s); break;
+    case 64: dispatch_tile<64>(batch, shape, q, cache, out, partials, splits, s); break;
+    case 128: dispatch_tile<128>(batch, shape, q, cache, out, partials, splits, s); break;
+    default:
+      throw_cuda_error("paged_attention: head_dim must be 32, 64 or 128", int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  }
+  if (splits > 1) {
+    merge_splits_kernel<<<dim3(unsigned(batch.num_rows), unsigned(shape.num_heads)), 64, 0, s>>>(
+        partials, splits, shape.num_heads, int(shape.head_dim), shape.sinks, out);
+    ANVIL_CUDA_LAUNCHED();
+  }
+}
+
+}  // namespace anvil::cuda

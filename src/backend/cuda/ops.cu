@@ -1,0 +1,251 @@
+// Elementwise and row-wise operators: embedding, RMSNorm, RoPE, residual add, activations,
+// argmax. Memory-bound and small next to the matrix products; written for one pass over the data.
+#include <algorithm>
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/ops.h"
+
+namespace anvil::cuda {
+
+namespace {
+
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+
+__device__ __forceinline__ uint16_t float_to_bf16_bits(float value) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(value));
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+__device__ float block_sum(float value) {
+  __shared__ float partial[32];
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial[] may still be read by a previous call
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  value = lane < warps ? partial[lane] : 0.0f;
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+__global__ void embedding_kernel(const uint16_t* table, const int32_t* ids, int64_t dim, float* out) {
+  const int64_t row = blockIdx.x;
+  const uint16_t* src = table + int64_t(ids[row]) * dim;
+  float* dst = out + row * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = bf16_bits_to_float(src[i]);
+}
+
+template <bool kToBf16>
+__global__ void rms_norm_kernel(const float* x, int64_t dim, const float* weight, float eps, void* out) {
+  const int64_t row = blockIdx.x;
+  const float* in = x + row * dim;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += in[i] * in[i];
+  const float inv = rsqrtf(block_sum(sum) / float(dim) + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float value = in[i] * inv * weight[i];
+    if constexpr (kToBf16)
+      static_cast<uint16_t*>(out)[row * dim + i] = float_to_bf16_bits(value);
+    else
+      static_cast<float*>(out)[row * dim + i] = value;
+  }
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+// One block per row; thread i rotates pair (i, i + half) of every head.
+__global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, const int32_t* positions,
+                            const float* inv_freq, float mscale) {
+  const int64_t row = blockIdx.x, half = head_dim / 2;
+  const float position = float(positions[row]);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    // As the reference: a float32 angle, then precise cos/sin (no fast-math intrinsics: positions
+    // reach 10^5 and __cosf loses accuracy there).
+    const float angle = position * inv_freq[i];
+    const float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (row * heads + h) * head_dim;
+      const float a = v[i], b = v[i + half];
+      v[i] = a * c - b * s;
+      v[i + half] = b * c + a * s;
+    }
+  }
+}
+
+__global__ void split_qkv_rope_kernel(const float* qkv, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                      const int32_t* positions, const float* inv_freq, float mscale, float* q,
+                                      float* k, float* v) {
+  const int64_t row = blockIdx.x, half = head_dim / 2;
+  const int64_t width = (heads + 2 * kv_heads) * head_dim;
+  const float* in = qkv + row * width;
+  const float position = float(positions[row]);
+  for (int64_t i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
+    const int64_t head = i / half, j = i % half;
+    const float angle = position * inv_freq[j];  // as rope_kernel: float32 angle, precise cos/sin
+    const float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
+    const float a = in[head * head_dim + j], b = in[head * head_dim + j + half];
+    float* out = head < heads ? q + (row * heads + head) * head_dim : k + (row * kv_heads + head - heads) * head_dim;
+    out[j] = a * c - b * s;
+    out[j + half] = b * c + a * s;
+  }
+  const float* v_in = in + (heads + kv_heads) * head_dim;
+  for (int64_t i = threadIdx.x; i < kv_heads * head_dim; i += blockDim.x) v[row * kv_heads * head_dim + i] = v_in[i];
+}
+
+__global__ void silu_mul_kernel(const float* gate_up, int64_t width, uint16_t* out) {
+  const int64_t row = blockIdx.x;
+  const float* gate = gate_up + row * 2 * width;
+  const float* up = gate + width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    const float g = gate[i];
+    out[row * width + i] = float_to_bf16_bits(g / (1.0f + expf(-g)) * up[i]);
+  }
+}
+
+// One block per row: each thread keeps its best (value, index), then a tree over the block.
+// Ties go to the lower index, as the CPU sampler's argmax.
+__global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) {
+  const float* row = logits + int64_t(blockIdx.x) * vocab;
+  float best = -FLT_MAX;
+  int32_t best_index = 0x7fffffff;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float value = row[i];
+    if (value > best) {  // strictly greater: a thread's own earlier index wins ties
+      best = value;
+      best_index = int32_t(i);
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+    const int32_t other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
+    if (other > best || (other == best && other_index < best_index)) {
+      best = other;
+      best_index = other_index;
+    }
+  }
+  __shared__ float values[32];
+  __shared__ int32_t indices[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    values[warp] = best;
+    indices[warp] = best_index;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / 32;
+    best = lane < warps ? values[lane] : -FLT_MAX;
+    best_index = lane < warps ? indices[lane] : 0x7fffffff;
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int32_t other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
+      if (other > best || (other == best && other_index < best_index)) {
+        best = other;
+        best_index = other_index;
+      }
+    }
+    if (lane == 0) out[blockIdx.x] = best_index;
+  }
+}
+
+__global__ void gather_rows_kernel(const float* x, const int32_t* index, int64_t dim, float* out) {
+  const float* src = x + int64_t(index[blockIdx.x]) * dim;
+  float* dst = out + int64_t(blockIdx.x) * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
+}
+
+// One warp per (row, output): float32 activations against bf16 weights, float32 accumulation.
+__global__ void linear_f32_input_kernel(const uint16_t* weight, const float* bias, const float* x, int64_t m,
+                                        int64_t out_features, int64_t in_features, float* y) {
+  const int64_t warp = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= m * out_features) return;
+  const int64_t row = warp / out_features, out = warp % out_features;
+  const uint16_t* w = weight + out * in_features;
+  const float* in = x + row * in_features;
+  float sum = 0.0f;
+  for (int64_t i = lane; i < in_features; i += 32) sum = fmaf(in[i], bf16_bits_to_float(w[i]), sum);
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) y[row * out_features + out] = sum + (bias ? bias[out] : 0.0f);
+}
+
+int threads_for(int64_t width) { return width >= 1024 ? 1024 : width >= 256 ? 256 : 128; }
+
+}  // namespace
+
+void embedding_bf16(const uint16_t* table, const int32_t* ids, int64_t rows, int64_t dim, float* out, Stream stream) {
+  if (rows == 0) return;
+  embedding_kernel<<<unsigned(rows), 256, 0, as_stream(stream)>>>(table, ids, dim, out);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void rms_norm_to_bf16(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, uint16_t* out,
+                      Stream stream) {
+  if (rows == 0) return;
+  rms_norm_kernel<true><<<unsigned(rows), threads_for(dim), 0, as_stream(stream)>>>(x, dim, weight, eps, out);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void rms_norm_f32(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* out,
+                  Stream stream) {
+  if (rows == 0) return;
+  const int threads = dim <= 128 ? 32 * int(ceil_div(dim, 32)) : threads_for(dim);
+  rms_norm_kernel<false><<<unsigned(rows), threads, 0, as_stream(stream)>>>(x, dim, weight, eps, out);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void add_inplace(float* x, const float* y, int64_t n, Stream stream) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>(ceil_div(n, 256), 4096);
+  add_kernel<<<unsigned(blocks), 256, 0, as_stream(stream)>>>(x, y, n);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void rope_inplace(float* x, int64_t rows, int64_t heads, int64_t head_dim, const int32_t* positions,
+                  const float* inv_freq, float mscale, Stream stream) {
+  if (rows == 0) return;
+  rope_kernel<<<unsigned(rows), 64, 0, as_stream(stream)>>>(x, heads, head_dim, positions, inv_freq, mscale);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void split_qkv_rope(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                    const int32_t* positions, const float* inv_freq, float mscale, float* q, float* k, float* v,
+                    Stream stream) {
+  if (rows == 0) return;
+  split_qkv_rope_kernel<<<unsigned(rows), 256, 0, as_stream(stream)>>>(qkv, heads, kv_heads, head_dim, positions,
+                                                                       inv_freq, mscale, q, k, v);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void silu_mul_to_bf16(const float* gate_up, int64_t rows, int64_t width, uint16_t* out, Stream stream) {
+  if (rows == 0) return;
+  silu_mul_kernel<<<unsigned(rows), threads_for(width), 0, as_stream(stream)>>>(gate_up, width, out);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void linear_f32_input(const uint16_t* weight, const float* bias, const float* x, int64_t m, int64_t out_features,
+                      int64_t in_features, float* y, Stream stream) {
+  const int64_t warps = m * out_features;
+  if (warps == 0) return;
+  linear_f32_input_kernel<<<unsigned(ceil_div(warps * 32, 256)), 256, 0, as_stream(stream)>>>(
+      weight, bias, x, m, out_features, in_features, y);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void gather_rows_f32(const float* x, const int32_t* index, int64_t n, int64_t dim, float* out, Stream stream) {
+  if (n == 0) return;
+  gather_rows_kernel<<<unsigned(n), 256, 0, as_stream(stream)>>>(x, index, dim, out);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out, Stream stream) {
+  if (rows == 0) return;
+  argmax_kernel<<<unsigned(rows), 1024, 0, as_stream(stream)>>>(logits, vocab, out);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+}  // namespace anvil::cuda

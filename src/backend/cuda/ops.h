@@ -1,0 +1,150 @@
+#pragma once
+// The CUDA operators model files are written against. All pointers are device pointers; bf16
+// values are passed as uint16_t bit patterns so callers need no CUDA headers. Activations that
+// feed matrix products are bf16, accumulation and the residual stream are float32. Every launcher
+// enqueues on `stream` and returns without waiting; shapes are row-major [rows, features].
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/runtime.h"
+
+namespace anvil::cuda {
+
+// ---- dense layers (linear_bf16.cu) ----
+
+// y[m, out] = x[m, in] · W[out, in]ᵀ + bias[out]. W and x bf16, y and bias float32 (bias may be
+// null). Picks a matrix-vector kernel for few rows and a tensor-core GEMM for many.
+void linear_bf16(const uint16_t* weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
+                 int64_t in_features, float* y, Stream stream);
+
+// y[m, out] = x[m, in] · W[out, in]ᵀ + bias with float32 x: for small layers whose outputs make
+// discrete choices (MoE routers), where rounding x to bf16 could flip which experts are picked.
+// One warp per output; not for large layers.
+void linear_f32_input(const uint16_t* weight, const float* bias, const float* x, int64_t m, int64_t out_features,
+                      int64_t in_features, float* y, Stream stream);
+
+// ---- MXFP4 mixture of experts (moe_mxfp4.cu) ----
+
+// gpt-oss experts: gate_up rows interleave gate (even) and up (odd). Blocks hold E2M1 codes, low
+// nibble first; scales are E8M0 per 32 inputs.
+struct MoeMxfp4Weights {
+  const uint8_t* gate_up_blocks = nullptr;  // [E, 2I, H/32, 16]
+  const uint8_t* gate_up_scales = nullptr;  // [E, 2I, H/32]
+  const float* gate_up_bias = nullptr;      // [E, 2I]
+  const uint8_t* down_blocks = nullptr;     // [E, H, I/32, 16]
+  const uint8_t* down_scales = nullptr;     // [E, H, I/32]
+  const float* down_bias = nullptr;         // [E, H]
+  int64_t num_experts = 0, hidden = 0, intermediate = 0;
+  float swiglu_limit = 7.0f;
+  float swiglu_alpha = 1.702f;
+};
+
+// gpt-oss routing: per row, the k largest logits (ties to the lower index), then softmax over
+// those k. ids [m, k] int32, weights [m, k] float32.
+void moe_topk_softmax(const float* logits, int64_t m, int64_t num_experts, int k, int32_t* ids, float* weights,
+                      Stream stream);
+
+// Scratch for moe_mxfp4; size from moe_mxfp4_workspace_bytes for the largest m a step can have.
+size_t moe_mxfp4_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, int64_t hidden, int64_t intermediate);
+
+// residual[r] += Σ_j weights[r, j] · expert_{ids[r, j]}(h[r]) for r < m, where
+// expert_e(h) = W2_e · swiglu_clamped(W1_e · h + b1_e) + b2_e. h is bf16 [m, H].
+void moe_mxfp4(const MoeMxfp4Weights& weights, const uint16_t* h, int64_t m, int k, const int32_t* ids,
+               const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream);
+
+// ---- small ops (ops.cu) ----
+
+// out[t] = float(table[ids[t]]) for a bf16 [vocab, dim] table.
+void embedding_bf16(const uint16_t* table, const int32_t* ids, int64_t rows, int64_t dim, float* out, Stream stream);
+
+// out = x · rsqrt(mean(x²) + eps) · weight per row, to bf16 (feeds a matrix product).
+void rms_norm_to_bf16(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, uint16_t* out,
+                      Stream stream);
+// The same in float32; out may alias x (Qwen3's per-head q/k norms, the final norm).
+void rms_norm_f32(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* out,
+                  Stream stream);
+
+// x += y over n floats.
+void add_inplace(float* x, const float* y, int64_t n, Stream stream);
+
+// Half-split (NeoX) rotary embedding in place for `heads` vectors of head_dim per row, at
+// positions[row]; inv_freq has head_dim/2 entries, cos/sin are multiplied by mscale (YaRN).
+void rope_inplace(float* x, int64_t rows, int64_t heads, int64_t head_dim, const int32_t* positions,
+                  const float* inv_freq, float mscale, Stream stream);
+
+// Splits a fused [rows, (heads + 2 kv_heads) * head_dim] q|k|v projection into q, k, v and
+// applies RoPE to q and k on the way (one launch instead of a copy and two rotations).
+void split_qkv_rope(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                    const int32_t* positions, const float* inv_freq, float mscale, float* q, float* k, float* v,
+                    Stream stream);
+
+// silu(gate) * up, float32 in, bf16 out (Qwen3 MLP): gate_up is [rows, 2*width] with gate first.
+void silu_mul_to_bf16(const float* gate_up, int64_t rows, int64_t width, uint16_t* out, Stream stream);
+
+// out[i] = x[index[i]] for rows of dim floats (the rows that need logits).
+void gather_rows_f32(const float* x, const int32_t* index, int64_t n, int64_t dim, float* out, Stream stream);
+
+// Row-wise argmax over float32 logits [rows, vocab] (ties to the lower index).
+void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out, Stream stream);
+
+// ---- paged attention (attention.cu) ----
+
+// One step's view of the batch for attention. Rows are the step's new tokens; sequences own
+// consecutive rows. Per sequence s: rows [row_begin[s], row_begin[s+1]), absolute position of its
+// first new token start_pos[s], and its block table at block_tables + s * max_blocks (physical
+// block ids; -1 where a sliding layer gave a block back).
+struct AttentionBatch {
+  int64_t num_rows = 0;
+  int64_t num_sequences = 0;
+  int64_t max_blocks = 0;              // block-table stride
+  int64_t max_context = 0;             // longest start_pos + tokens in the batch
+  int64_t max_new_tokens = 0;          // most new tokens of one sequence this step
+  const int32_t* row_begin = nullptr;  // [num_sequences + 1]
+  const int32_t* start_pos = nullptr;  // [num_sequences]
+  const int32_t* block_tables = nullptr;
+  const int32_t* row_sequence = nullptr;  // [num_rows]: the sequence each row belongs to
+  const int32_t* row_position = nullptr;  // [num_rows]: absolute position
+};
+
+// The KV cache of one layer: [num_blocks, block_size, kv_heads, head_dim] bf16 for keys and values.
+struct KvLayerCache {
+  uint16_t* keys = nullptr;
+  uint16_t* values = nullptr;
+  int64_t block_size = 16;
+};
+
+struct AttentionShape {
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+  int64_t sliding_window = 0;    // 0 = full causal; else keys in (pos - window, pos]
+  const float* sinks = nullptr;  // [num_heads] learned logits in the softmax's denominator, or null
+};
+
+// Writes the rows' keys and values (float32 [rows, kv_heads*head_dim]) into the cache at their
+// positions.
+void kv_cache_write(const AttentionBatch& batch, const AttentionShape& shape, const float* k, const float* v,
+                    const KvLayerCache& cache, Stream stream);
+
+// Causal attention of each row's query (float32 [rows, heads*head_dim]) over its sequence's
+// cached keys/values (the step's own tokens must already be written). Output bf16 [rows,
+// heads*head_dim]. workspace: attention_workspace_bytes(...) bytes for split-context partials.
+size_t attention_workspace_bytes(int64_t max_rows, int64_t num_heads, int64_t head_dim);
+void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                     const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,
+                     Stream stream);
+
+// ---- dummy weights on the device (dummy_fill.cu) ----
+
+// Fills a tensor exactly as the CPU's dummy weight source does (models/weights.cpp: splitmix64
+// streams per 65536-element chunk, seeded from the tensor name's hash), so a dummy model is the
+// same on either device and 120B-parameter shapes need no host copy.
+struct DummyFill {
+  enum class Kind { Uniform, Norm, RandomBytes, Constant } kind = Kind::Uniform;
+  enum class Type { F32, BF16, U8 } type = Type::BF16;
+  uint64_t name_hash = 0;
+  float bound = 0.0f;     // Uniform: U(-bound, bound); Norm: 1 + 0.1 U(-1, 1)
+  uint8_t constant = 0;   // Constant (MXFP4 scales)
+};
+void dummy_fill(void* data, int64_t numel, const DummyFill& fill, Stream stream);
+
+}  // namespace anvil::cuda

@@ -1,0 +1,218 @@
+// Host side of the CUDA backend: device discovery, the exact-architecture kernel table, memory.
+#include "backend/cuda/runtime.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+
+namespace anvil::cuda {
+
+void throw_cuda_error(const char* call, int status, const char* file, int line) {
+  fail("CUDA: {} failed: {} ({}:{})", call, cudaGetErrorString(cudaError_t(status)), file, line);
+}
+
+#define RT_CHECK(call)                                                                \
+  do {                                                                             \
+    const cudaError_t status_ = (call);                                            \
+    if (status_ != cudaSuccess) throw_cuda_error(#call, int(status_), __FILE__, __LINE__); \
+  } while (0)
+
+bool compiled_in() { return true; }
+
+std::vector<std::string> compiled_targets() { return {ANVIL_CUDA_TARGET_LIST}; }
+
+std::vector<DeviceInfo> devices() {
+  std::vector<DeviceInfo> found;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" status so later calls start clean
+    return found;
+  }
+  int current = 0;
+  cudaGetDevice(&current);
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    DeviceInfo info;
+    info.index = i;
+    info.name = prop.name;
+    info.major = prop.major;
+    info.minor = prop.minor;
+    info.total_memory = prop.totalGlobalMem;
+    info.multiprocessors = prop.multiProcessorCount;
+    info.l2_bytes = size_t(prop.l2CacheSize);
+    info.shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
+    int clock_khz = 0;
+    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, i);
+    info.memory_clock_khz = clock_khz;
+    cudaDeviceGetAttribute(&info.memory_bus_bits, cudaDevAttrGlobalMemoryBusWidth, i);
+    if (cudaSetDevice(i) == cudaSuccess) {
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) info.free_memory = free_bytes;
+    }
+    found.push_back(info);
+  }
+  cudaSetDevice(current);
+  cudaGetLastError();
+  return found;
+}
+
+std::string unavailable_reason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  cudaGetLastError();
+  if (status == cudaErrorNoDevice || (status == cudaSuccess && count == 0)) return "no CUDA GPU is visible";
+  if (status == cudaErrorInsufficientDriver) return "no NVIDIA driver (or one too old for CUDA 13)";
+  if (status != cudaSuccess) return std::string("CUDA unavailable: ") + cudaGetErrorString(status);
+  return "";
+}
+
+namespace {
+
+// Every row lists the same op families today: the portable mma.sync kernels run on all of these
+// generations. A row exists per exact capability so that a future Hopper- or Blackwell-only
+// family (wgmma, tcgen05) is added where it belongs and can never be picked for SM120 by a
+// ">= 100" test: SM120 (RTX PRO 6000 / RTX 5090) has no tcgen05 and 99 KB of shared memory.
+std::vector<OpKernel> portable_ops() {
+  return {
+      {"linear_bf16", "mma.sync m16n8k16 bf16 GEMM / vectorized GEMV"},
+      {"moe_mxfp4", "mma.sync W4A16 grouped GEMM, MXFP4 dequantized in registers"},
+      {"attention", "paged flash-decoding, fp32 online softmax, sinks + window"},
+      {"norm_rope_embed", "elementwise (fp32)"},
+  };
+}
+
+}  // namespace
+
+const std::vector<ArchKernels>& kernel_table() {
+  static const std::vector<ArchKernels> table = {
+      {8, 0, "A100, A30", "sm_80", portable_ops()},
+      {8, 6, "RTX 3090, A40, A6000", "sm_86", portable_ops()},
+      {8, 9, "RTX 4090, L40S, RTX 6000 Ada", "sm_89", portable_ops()},
+      {9, 0, "H100, H200, GH200", "sm_90a", portable_ops()},
+      {10, 0, "B200, GB200", "sm_100a", portable_ops()},
+      {12, 0, "RTX PRO 6000 Blackwell, RTX 5090", "sm_120a", portable_ops()},
+  };
+  return table;
+}
+
+const ArchKernels& kernels_for(int major, int minor) {
+  std::string supported;
+  for (const auto& row : kernel_table()) {
+    if (row.major == major && row.minor == minor) {
+      const auto targets = compiled_targets();
+      if (std::find(targets.begin(), targets.end(), row.target) == targets.end())
+        fail("this anvil build has no {} code for compute capability {}.{} (built for: {}); rebuild with "
+             "-DANVIL_CUDA_TARGETS including {}",
+             row.target, major, minor, fmt::join(targets, ", "), row.target);
+      return row;
+    }
+    supported += fmt::format("{}{}.{}", supported.empty() ? "" : ", ", row.major, row.minor);
+  }
+  fail("GPU compute capability {}.{} is not supported (anvil has kernels for {}); use --device cpu", major, minor,
+       supported);
+}
+
+const ArchKernels& select_device(int index) {
+  const auto all = devices();
+  if (all.empty()) fail("no usable CUDA GPU: {}", unavailable_reason());
+  if (index < 0 || index >= int(all.size())) fail("CUDA device {} does not exist ({} visible)", index, all.size());
+  const ArchKernels& row = kernels_for(all[size_t(index)].major, all[size_t(index)].minor);
+  RT_CHECK(cudaSetDevice(index));
+  return row;
+}
+
+void* device_alloc(size_t bytes) {
+  void* pointer = nullptr;
+  const cudaError_t status = cudaMalloc(&pointer, bytes);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    fail("CUDA: cannot allocate {:.2f} GiB of device memory ({:.2f} GiB free): {}", double(bytes) / (1 << 30),
+         double(device_free_memory()) / (1 << 30), cudaGetErrorString(status));
+  }
+  return pointer;
+}
+
+void device_free(void* pointer) {
+  if (pointer) cudaFree(pointer);
+}
+
+size_t device_free_memory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return free_bytes;
+}
+
+size_t device_total_memory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return total_bytes;
+}
+
+void copy_to_device(void* device, const void* host, size_t bytes, Stream stream) {
+  RT_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
+}
+
+void copy_to_host(void* host, const void* device, size_t bytes, Stream stream) {
+  RT_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
+}
+
+void copy_device_to_device(void* dst, const void* src, size_t bytes, Stream stream) {
+  RT_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+}
+
+void memset_device(void* device, int value, size_t bytes, Stream stream) {
+  RT_CHECK(cudaMemsetAsync(device, value, bytes, static_cast<cudaStream_t>(stream)));
+}
+
+void synchronize(Stream stream) { RT_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))); }
+
+void* host_alloc_pinned(size_t bytes) {
+  void* pointer = nullptr;
+  RT_CHECK(cudaMallocHost(&pointer, bytes));
+  return pointer;
+}
+
+void host_free_pinned(void* pointer) {
+  if (pointer) cudaFreeHost(pointer);
+}
+
+void check_last_error(const char* what) {
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) throw_cuda_error(what, int(status), __FILE__, __LINE__);
+}
+
+EventTimer::EventTimer(Stream stream) : stream_(stream) {
+  cudaEvent_t start, stop;
+  RT_CHECK(cudaEventCreate(&start));
+  RT_CHECK(cudaEventCreate(&stop));
+  start_ = start;
+  stop_ = stop;
+}
+
+EventTimer::~EventTimer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+
+void EventTimer::start() { RT_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), static_cast<cudaStream_t>(stream_))); }
+
+double EventTimer::stop_ms() {
+  RT_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(stop_), static_cast<cudaStream_t>(stream_)));
+  RT_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)));
+  float ms = 0;
+  RT_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)));
+  return double(ms);
+}
+
+}  // namespace anvil::cuda

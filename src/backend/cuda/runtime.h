@@ -1,0 +1,121 @@
+#pragma once
+// The CUDA backend's host side: which GPUs are here, which kernels each one gets, and device
+// memory. Plain C++ (no CUDA headers), so every layer above can use it, and a build without nvcc
+// links unavailable.cpp instead: devices() is then empty and allocation fails with a clear error.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace anvil::cuda {
+
+// An opaque cudaStream_t; nullptr is the legacy default stream.
+using Stream = void*;
+
+// True when this binary carries CUDA kernels.
+bool compiled_in();
+// The targets compiled ahead of time, as given to the build ("sm_90a", "compute_80", ...).
+std::vector<std::string> compiled_targets();
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  int major = 0, minor = 0;
+  size_t total_memory = 0, free_memory = 0;
+  int multiprocessors = 0;
+  size_t l2_bytes = 0;
+  size_t shared_memory_per_block_optin = 0;
+  double memory_clock_khz = 0;
+  int memory_bus_bits = 0;
+};
+
+// Every visible GPU; empty (never an exception) when there is no driver or no device.
+std::vector<DeviceInfo> devices();
+// Why devices() is empty, in one line ("no NVIDIA driver", "built without CUDA", ...).
+std::string unavailable_reason();
+
+// Kernel families by exact compute capability. Each op names the implementation a GPU of that
+// (major, minor) runs; a capability missing from the table is refused at load, never guessed from
+// "major >= N". `target` is the ahead-of-time code the row relies on.
+struct OpKernel {
+  std::string op;
+  std::string family;
+};
+struct ArchKernels {
+  int major = 0, minor = 0;
+  std::string gpus;    // examples, for humans
+  std::string target;  // e.g. "sm_90a"
+  std::vector<OpKernel> ops;
+};
+const std::vector<ArchKernels>& kernel_table();
+// The row for (major, minor); throws naming the capability and the supported ones when absent,
+// or when this build lacks the row's target.
+const ArchKernels& kernels_for(int major, int minor);
+
+// Makes `index` the current device and checks its capability against the kernel table.
+const ArchKernels& select_device(int index);
+
+// Device memory. Allocation failures throw with the size and the free memory.
+void* device_alloc(size_t bytes);
+void device_free(void* pointer);
+size_t device_free_memory();
+size_t device_total_memory();
+void copy_to_device(void* device, const void* host, size_t bytes, Stream stream = nullptr);
+void copy_to_host(void* host, const void* device, size_t bytes, Stream stream = nullptr);
+void copy_device_to_device(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
+void memset_device(void* device, int value, size_t bytes, Stream stream = nullptr);
+void synchronize(Stream stream = nullptr);
+// Page-locked host memory, for fast and asynchronous copies.
+void* host_alloc_pinned(size_t bytes);
+void host_free_pinned(void* pointer);
+// Throws if a kernel launched so far failed.
+void check_last_error(const char* what);
+
+// Owns one device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : data_(bytes ? device_alloc(bytes) : nullptr), bytes_(bytes) {}
+  ~DeviceBuffer() { device_free(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      device_free(data_);
+      data_ = other.data_;
+      bytes_ = other.bytes_;
+      other.data_ = nullptr;
+      other.bytes_ = 0;
+    }
+    return *this;
+  }
+  template <typename T = void>
+  T* get() const { return static_cast<T*>(data_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Timing with device events around a region on one stream (milliseconds).
+class EventTimer {
+ public:
+  explicit EventTimer(Stream stream = nullptr);
+  ~EventTimer();
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start();
+  double stop_ms();  // waits for the region to finish
+
+ private:
+  Stream stream_;
+  void* start_ = nullptr;
+  void* stop_ = nullptr;
+};
+
+}  // namespace anvil::cuda

@@ -1,0 +1,44 @@
+// Stands in for the CUDA backend in a build without nvcc: no devices, and any attempt to use one
+// says so. Kernel launchers are not declared here: model code calls them only under
+// ANVIL_WITH_CUDA.
+#include "backend/cuda/runtime.h"
+#include "core/error.h"
+
+namespace anvil::cuda {
+
+namespace {
+[[noreturn]] void no_cuda() { fail("this anvil was built without CUDA (no nvcc at build time); use --device cpu"); }
+}  // namespace
+
+bool compiled_in() { return false; }
+std::vector<std::string> compiled_targets() { return {}; }
+std::vector<DeviceInfo> devices() { return {}; }
+std::string unavailable_reason() { return "this anvil was built without CUDA"; }
+const std::vector<ArchKernels>& kernel_table() {
+  static const std::vector<ArchKernels> empty;
+  return empty;
+}
+const ArchKernels& kernels_for(int, int) { no_cuda(); }
+const ArchKernels& select_device(int) { no_cuda(); }
+void* device_alloc(size_t) { no_cuda(); }
+void device_free(void* pointer) {
+  if (pointer) no_cuda();
+}
+size_t device_free_memory() { return 0; }
+size_t device_total_memory() { return 0; }
+void copy_to_device(void*, const void*, size_t, Stream) { no_cuda(); }
+void copy_to_host(void*, const void*, size_t, Stream) { no_cuda(); }
+void copy_device_to_device(void*, const void*, size_t, Stream) { no_cuda(); }
+void memset_device(void*, int, size_t, Stream) { no_cuda(); }
+void synchronize(Stream) { no_cuda(); }
+void* host_alloc_pinned(size_t) { no_cuda(); }
+void host_free_pinned(void* pointer) {
+  if (pointer) no_cuda();
+}
+void check_last_error(const char*) {}
+EventTimer::EventTimer(Stream stream) : stream_(stream) { no_cuda(); }
+EventTimer::~EventTimer() = default;
+void EventTimer::start() { no_cuda(); }
+double EventTimer::stop_ms() { no_cuda(); }
+
+}  // namespace anvil::cuda

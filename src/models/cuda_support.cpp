@@ -1,0 +1,217 @@
+#include "models/cuda_support.h"
+
+#if ANVIL_WITH_CUDA
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace anvil {
+
+namespace {
+
+cuda::DummyFill device_fill(const DummyRecipe& recipe, DType dtype) {
+  cuda::DummyFill fill;
+  fill.name_hash = recipe.name_hash;
+  fill.bound = recipe.bound;
+  fill.constant = recipe.constant;
+  switch (recipe.kind) {
+    case DummyRecipe::Kind::Uniform: fill.kind = cuda::DummyFill::Kind::Uniform; break;
+    case DummyRecipe::Kind::Norm: fill.kind = cuda::DummyFill::Kind::Norm; break;
+    case DummyRecipe::Kind::RandomBytes: fill.kind = cuda::DummyFill::Kind::RandomBytes; break;
+    case DummyRecipe::Kind::Constant: fill.kind = cuda::DummyFill::Kind::Constant; break;
+  }
+  fill.type = dtype == DType::U8 ? cuda::DummyFill::Type::U8
+              : dtype == DType::F32 ? cuda::DummyFill::Type::F32
+                                    : cuda::DummyFill::Type::BF16;
+  return fill;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+void* DeviceWeights::allocate(size_t bytes) {
+  buffers_.emplace_back(bytes);
+  bytes_ += bytes;
+  return buffers_.back().get();
+}
+
+void DeviceWeights::fill_bf16(uint16_t* target, const std::string& name, const std::vector<int64_t>& shape) {
+  const int64_t n = numel_of(shape);
+  if (auto recipe = source_.dummy_recipe(name, shape, DType::BF16)) {
+    cuda::dummy_fill(target, n, device_fill(*recipe, DType::BF16), nullptr);
+    source_.count_external(size_t(n) * 2);
+    return;
+  }
+  const TensorView view = source_.get(name, shape, DType::BF16, {DType::BF16, DType::F32, DType::F16});
+  if (view.dtype == DType::BF16) {
+    cuda::copy_to_device(target, view.data, size_t(n) * 2);
+    cuda::synchronize();  // the source is pageable memory; the copy must finish before it goes
+    return;
+  }
+  // A float32 or float16 checkpoint: convert a slice at a time so no full host copy exists.
+  constexpr int64_t kSlice = int64_t(1) << 22;
+  std::vector<uint16_t> staging(size_t(std::min(n, kSlice)));
+  for (int64_t first = 0; first < n; first += kSlice) {
+    const int64_t count = std::min(kSlice, n - first);
+    for (int64_t i = 0; i < count; ++i) {
+      const float value = view.dtype == DType::F32 ? static_cast<const float*>(view.data)[first + i]
+                                                   : f16_to_f32(static_cast<const uint16_t*>(view.data)[first + i]);
+      staging[size_t(i)] = f32_to_bf16(value);
+    }
+    cuda::copy_to_device(target + first, staging.data(), size_t(count) * 2);
+    cuda::synchronize();
+  }
+}
+
+const uint16_t* DeviceWeights::bf16(const std::string& name, const std::vector<int64_t>& shape) {
+  auto* target = static_cast<uint16_t*>(allocate(size_t(numel_of(shape)) * 2));
+  fill_bf16(target, name, shape);
+  return target;
+}
+
+const uint16_t* DeviceWeights::stacked_bf16(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
+                                            int64_t in) {
+  int64_t total_rows = 0;
+  for (int64_t r : rows) total_rows += r;
+  auto* target = static_cast<uint16_t*>(allocate(size_t(total_rows * in) * 2));
+  int64_t offset = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    fill_bf16(target + offset * in, names[i], {rows[i], in});
+    offset += rows[i];
+  }
+  return target;
+}
+
+const uint8_t* DeviceWeights::u8(const std::string& name, const std::vector<int64_t>& shape) {
+  const int64_t n = numel_of(shape);
+  auto* target = static_cast<uint8_t*>(allocate(size_t(n)));
+  if (auto recipe = source_.dummy_recipe(name, shape, DType::U8)) {
+    cuda::dummy_fill(target, n, device_fill(*recipe, DType::U8), nullptr);
+    source_.count_external(size_t(n));
+    return target;
+  }
+  const TensorView view = source_.get(name, shape, DType::U8, {DType::U8});
+  cuda::copy_to_device(target, view.data, size_t(n));
+  cuda::synchronize();
+  return target;
+}
+
+const float* DeviceWeights::f32(const std::string& name, const std::vector<int64_t>& shape) {
+  return upload(load_f32(source_, name, shape));
+}
+
+const float* DeviceWeights::upload(const std::vector<float>& host) {
+  auto* target = static_cast<float*>(allocate(host.size() * sizeof(float)));
+  cuda::copy_to_device(target, host.data(), host.size() * sizeof(float));
+  cuda::synchronize();
+  return target;
+}
+
+DeviceStep::DeviceStep() = default;
+
+DeviceStep::~DeviceStep() { cuda::host_free_pinned(pinned_); }
+
+void DeviceStep::upload(const StepBatch& batch, const KvLayout& layout, const ModelConfig& config,
+                        cuda::Stream stream) {
+  const int num_groups = layout.num_groups();
+  const int64_t num_seqs = int64_t(batch.sequences.size());
+  rows = int64_t(batch.tokens.size());
+  std::vector<int32_t> row_positions, row_sequence, logit_index, row_begin{0}, start_pos;
+  int64_t max_context = 0, max_new = 0;
+  std::vector<int64_t> max_blocks(size_t(num_groups), 1);
+  int64_t row = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const SequenceStep& seq = batch.sequences[size_t(s)];
+    if (int(seq.block_tables.size()) != num_groups)
+      fail("step has {} block tables for a model with {} KV groups", seq.block_tables.size(), num_groups);
+    if (seq.num_tokens <= 0) fail("a sequence in a step has no tokens");
+    if (config.max_position_embeddings > 0 && seq.start_pos + seq.num_tokens > config.max_position_embeddings)
+      fail("sequence length {} exceeds max_position_embeddings {}", seq.start_pos + seq.num_tokens,
+           config.max_position_embeddings);
+    for (int64_t t = 0; t < seq.num_tokens; ++t) {
+      row_positions.push_back(int32_t(seq.start_pos + t));
+      row_sequence.push_back(int32_t(s));
+      if (seq.all_logits || (seq.need_logits && t == seq.num_tokens - 1)) logit_index.push_back(int32_t(row + t));
+    }
+    row += seq.num_tokens;
+    row_begin.push_back(int32_t(row));
+    start_pos.push_back(int32_t(seq.start_pos));
+    max_context = std::max(max_context, seq.start_pos + seq.num_tokens);
+    max_new = std::max(max_new, seq.num_tokens);
+    for (int g = 0; g < num_groups; ++g) {
+      max_blocks[size_t(g)] = std::max<int64_t>(max_blocks[size_t(g)], int64_t(seq.block_tables[size_t(g)].size()));
+    }
+  }
+  if (row != rows) fail("step lists {} tokens but its sequences cover {}", rows, row);
+  logit_rows = int64_t(logit_index.size());
+
+  // One int32 image: tokens | positions | row_sequence | logit_index | row_begin | start_pos |
+  // block tables of each group. Offsets are remembered to point into the device copy.
+  host_.clear();
+  auto append = [&](const int32_t* data, size_t count) {
+    const size_t offset = host_.size();
+    host_.insert(host_.end(), data, data + count);
+    return offset;
+  };
+  const size_t tokens_at = append(batch.tokens.data(), batch.tokens.size());
+  const size_t positions_at = append(row_positions.data(), row_positions.size());
+  const size_t row_sequence_at = append(row_sequence.data(), row_sequence.size());
+  const size_t logit_at = append(logit_index.data(), logit_index.size());
+  const size_t row_begin_at = append(row_begin.data(), row_begin.size());
+  const size_t start_pos_at = append(start_pos.data(), start_pos.size());
+  std::vector<size_t> table_at(static_cast<size_t>(num_groups));
+  for (int g = 0; g < num_groups; ++g) {
+    table_at[size_t(g)] = host_.size();
+    for (const auto& seq : batch.sequences) {
+      const auto& table = seq.block_tables[size_t(g)];
+      host_.insert(host_.end(), table.begin(), table.end());
+      host_.insert(host_.end(), size_t(max_blocks[size_t(g)]) - table.size(), -1);
+    }
+  }
+  for (int32_t token : batch.tokens)
+    if (token < 0 || token >= config.vocab_size)
+      fail("token id {} is outside the vocabulary (size {})", token, config.vocab_size);
+
+  const size_t bytes = host_.size() * sizeof(int32_t);
+  if (pinned_capacity_ < bytes) {
+    cuda::synchronize(stream);  // the previous step's copy may still read the old buffer
+    cuda::host_free_pinned(pinned_);
+    pinned_capacity_ = bytes * 2;
+    pinned_ = static_cast<int32_t*>(cuda::host_alloc_pinned(pinned_capacity_));
+  }
+  if (device_.bytes() < bytes) {
+    cuda::synchronize(stream);
+    device_ = cuda::DeviceBuffer(bytes * 2);
+  }
+  // The previous step's upload has finished by now: its logits were copied back synchronously.
+  std::memcpy(pinned_, host_.data(), bytes);
+  cuda::copy_to_device(device_.get(), pinned_, bytes, stream);
+
+  const int32_t* base = device_.get<int32_t>();
+  tokens = base + tokens_at;
+  positions = base + positions_at;
+  logit_row_index = base + logit_at;
+  groups.assign(size_t(num_groups), {});
+  for (int g = 0; g < num_groups; ++g) {
+    cuda::AttentionBatch& view = groups[size_t(g)];
+    view.num_rows = rows;
+    view.num_sequences = num_seqs;
+    view.max_blocks = max_blocks[size_t(g)];
+    view.max_context = max_context;
+    view.max_new_tokens = max_new;
+    view.row_begin = base + row_begin_at;
+    view.start_pos = base + start_pos_at;
+    view.block_tables = base + table_at[size_t(g)];
+    view.row_sequence = base + row_sequence_at;
+    view.row_position = base + positions_at;
+  }
+}
+
+}  // namespace anvil
+#endif

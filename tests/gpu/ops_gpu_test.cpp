@@ -1,0 +1,262 @@
+// The CUDA attention, norm, RoPE, argmax and dummy-weight kernels against the CPU reference on
+// fresh random inputs. Inputs that the GPU stores in bf16 (keys, values) are rounded to bf16
+// first, so the comparison measures the kernels, not the storage format.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/runtime.h"
+#include "backend/rope.h"
+#include "core/dtype.h"
+#include "models/cuda_support.h"
+
+namespace anvil {
+namespace {
+
+#if !ANVIL_WITH_CUDA
+TEST(CudaOps, NeedACudaBuild) { GTEST_SKIP() << "this build has no CUDA backend"; }
+#else
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::devices().empty()) GTEST_SKIP() << "no CUDA GPU: " << cuda::unavailable_reason()
+
+std::vector<float> random_values(size_t n, std::mt19937& rng, float scale = 1.0f, bool bf16_exact = false) {
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> values(n);
+  for (auto& v : values) v = bf16_exact ? bf16_to_f32(f32_to_bf16(dist(rng))) : dist(rng);
+  return values;
+}
+
+template <typename T>
+cuda::DeviceBuffer to_device(const std::vector<T>& host) {
+  cuda::DeviceBuffer buffer(host.size() * sizeof(T));
+  cuda::copy_to_device(buffer.get(), host.data(), host.size() * sizeof(T));
+  return buffer;
+}
+
+template <typename T>
+std::vector<T> to_host(const cuda::DeviceBuffer& buffer, size_t n) {
+  std::vector<T> host(n);
+  cuda::copy_to_host(host.data(), buffer.get(), n * sizeof(T));
+  cuda::synchronize();
+  return host;
+}
+
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    diff += double(got[i] - want[i]) * double(got[i] - want[i]);
+    norm += double(want[i]) * double(want[i]);
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+std::vector<float> bf16_to_floats(const std::vector<uint16_t>& bits) {
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_to_f32(bits[i]);
+  return out;
+}
+
+struct AttentionCase {
+  int64_t heads, kv_heads, head_dim, window;
+  bool sinks;
+  std::vector<std::pair<int64_t, int64_t>> history_then_new;  // per sequence: cached tokens, new tokens
+};
+
+// Runs a history step (to fill the caches) and then the tested step, on both devices, and
+// compares the tested step's outputs.
+void check_attention(const AttentionCase& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t block = 16, q_width = c.heads * c.head_dim, kv_width = c.kv_heads * c.head_dim;
+  int64_t total_blocks = 0;
+  std::vector<std::vector<int32_t>> tables;
+  for (const auto& [history, fresh] : c.history_then_new) {
+    const int64_t blocks = (history + fresh + block - 1) / block;
+    tables.emplace_back(size_t(blocks));
+    total_blocks += blocks;
+  }
+  // Scatter the blocks so that block-table indirection is exercised.
+  std::vector<int32_t> order(static_cast<size_t>(total_blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  size_t next = 0;
+  for (auto& table : tables)
+    for (auto& entry : table) entry = order[next++];
+
+  KvGroupStorage cpu_cache({1, total_blocks, block, c.kv_heads, c.head_dim, KvDevice::Host});
+  KvGroupStorage gpu_cache({1, total_blocks, block, c.kv_heads, c.head_dim, KvDevice::Cuda});
+  const auto sinks = random_values(size_t(c.heads), rng, 2.0f);
+  const auto d_sinks = to_device(sinks);
+  KvLayout layout;
+  layout.kv_heads = c.kv_heads;
+  layout.head_dim = c.head_dim;
+  layout.group_layers = {1};
+  layout.group_window = {c.window};
+  layout.layer_group = {0};
+  layout.layer_slot = {0};
+  ModelConfig config;
+  config.vocab_size = 1;
+  config.max_position_embeddings = 0;
+
+  for (int phase = 0; phase < 2; ++phase) {
+    StepBatch batch;
+    std::vector<cpu::AttentionSequence> sequences;
+    int64_t rows = 0;
+    for (size_t s = 0; s < tables.size(); ++s) {
+      const auto [history, fresh] = c.history_then_new[s];
+      const int64_t start = phase == 0 ? 0 : history, count = phase == 0 ? history : fresh;
+      if (count == 0) continue;
+      SequenceStep seq;
+      seq.start_pos = start;
+      seq.num_tokens = count;
+      seq.block_tables = {tables[s]};
+      batch.sequences.push_back(seq);
+      batch.tokens.insert(batch.tokens.end(), size_t(count), 0);
+      sequences.push_back({rows, count, start, tables[s]});
+      rows += count;
+    }
+    if (rows == 0) continue;
+    const auto q = random_values(size_t(rows * q_width), rng);
+    const auto k = random_values(size_t(rows * kv_width), rng, 1.0f, true);
+    const auto v = random_values(size_t(rows * kv_width), rng, 1.0f, true);
+
+    cpu::AttentionParams params;
+    params.num_heads = c.heads;
+    params.num_kv_heads = c.kv_heads;
+    params.head_dim = c.head_dim;
+    params.scale = 1.0f / std::sqrt(float(c.head_dim));
+    params.sliding_window = c.window;
+    params.sinks = c.sinks ? sinks.data() : nullptr;
+    std::vector<float> want(size_t(rows * q_width));
+    cpu::paged_attention(params, sequences, q.data(), k.data(), v.data(), cpu_cache, 0, want.data());
+
+    DeviceStep step;
+    step.upload(batch, layout, config, nullptr);
+    cuda::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, params.scale, c.window,
+                               c.sinks ? d_sinks.get<float>() : nullptr};
+    const cuda::KvLayerCache cache{gpu_cache.device_keys(0), gpu_cache.device_values(0), block};
+    const auto d_q = to_device(q), d_k = to_device(k), d_v = to_device(v);
+    cuda::DeviceBuffer d_out(size_t(rows * q_width) * 2);
+    cuda::memset_device(d_out.get(), 0xff, d_out.bytes());  // poison: NaN bf16 everywhere
+    const size_t workspace_bytes = cuda::attention_workspace_bytes(rows, c.heads, c.head_dim);
+    cuda::DeviceBuffer workspace(workspace_bytes);
+    cuda::kv_cache_write(step.groups[0], shape, d_k.get<float>(), d_v.get<float>(), cache, nullptr);
+    cuda::paged_attention(step.groups[0], shape, d_q.get<float>(), cache, d_out.get<uint16_t>(), workspace.get(),
+                          workspace_bytes, nullptr);
+    const auto got = bf16_to_floats(to_host<uint16_t>(d_out, size_t(rows * q_width)));
+    const double error = relative_error(got, want);
+    EXPECT_LT(error, 1e-2) << "phase " << phase << " heads " << c.heads << "/" << c.kv_heads << " dim " << c.head_dim
+                           << " window " << c.window;
+  }
+}
+
+TEST(CudaAttention, PrefillAndDecodeMixedWithSinks) {
+  SKIP_WITHOUT_GPU();
+  check_attention({8, 2, 64, 0, true, {{0, 37}, {20, 1}, {100, 5}, {3, 70}}}, 1);
+}
+
+TEST(CudaAttention, SlidingWindowWithSinksAsGptOss) {
+  SKIP_WITHOUT_GPU();
+  check_attention({64, 8, 64, 128, true, {{0, 300}, {200, 1}, {500, 1}, {129, 17}}}, 2);
+  check_attention({4, 2, 64, 8, true, {{0, 23}, {9, 1}, {40, 3}}}, 3);
+}
+
+TEST(CudaAttention, LongDecodeSplitsTheContext) {
+  SKIP_WITHOUT_GPU();
+  check_attention({16, 8, 128, 0, false, {{700, 1}, {1500, 1}, {33, 1}}}, 4);
+  check_attention({64, 8, 64, 0, true, {{2000, 1}}}, 5);
+}
+
+TEST(CudaAttention, SmallHeadDimAsQwen3Tiny) {
+  SKIP_WITHOUT_GPU();
+  check_attention({4, 2, 32, 0, false, {{0, 19}, {5, 4}}}, 6);
+}
+
+TEST(CudaOps, RmsNormRopeAndArgmaxMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  const int64_t rows = 5, dim = 2880;
+  const auto x = random_values(size_t(rows * dim), rng, 3.0f);
+  const auto weight = random_values(size_t(dim), rng);
+  std::vector<float> want(x.size());
+  cpu::rms_norm(x.data(), rows, dim, weight.data(), 1e-5f, want.data());
+  const auto d_x = to_device(x), d_w = to_device(weight);
+  cuda::DeviceBuffer d_out(x.size() * 4), d_bf16(x.size() * 2);
+  cuda::rms_norm_f32(d_x.get<float>(), rows, dim, d_w.get<float>(), 1e-5f, d_out.get<float>(), nullptr);
+  cuda::rms_norm_to_bf16(d_x.get<float>(), rows, dim, d_w.get<float>(), 1e-5f, d_bf16.get<uint16_t>(), nullptr);
+  EXPECT_LT(relative_error(to_host<float>(d_out, x.size()), want), 1e-5);
+  EXPECT_LT(relative_error(bf16_to_floats(to_host<uint16_t>(d_bf16, x.size())), want), 5e-3);
+
+  // YaRN RoPE as gpt-oss configures it, at positions up to 100k.
+  RopeConfig rope_config;
+  rope_config.theta = 150000.0;
+  rope_config.type = "yarn";
+  rope_config.factor = 32.0;
+  rope_config.original_max_position_embeddings = 4096;
+  rope_config.beta_fast = 32.0;
+  rope_config.beta_slow = 1.0;
+  rope_config.truncate = false;
+  const RopeTable table(rope_config, 64);
+  const int64_t heads = 8, head_dim = 64;
+  std::vector<int32_t> positions = {0, 1, 77, 4095, 100000};
+  auto q = random_values(size_t(rows * heads * head_dim), rng);
+  const auto d_q = to_device(q), d_pos = to_device(positions), d_freq = to_device(table.inv_freq());
+  for (int64_t r = 0; r < rows; ++r) table.apply(q.data() + r * heads * head_dim, heads, head_dim, positions[size_t(r)]);
+  cuda::rope_inplace(d_q.get<float>(), rows, heads, head_dim, d_pos.get<int32_t>(), d_freq.get<float>(),
+                     table.attention_scale(), nullptr);
+  EXPECT_LT(relative_error(to_host<float>(d_q, q.size()), q), 1e-5);
+
+  // Argmax with a tie: the lower index wins, as on the CPU.
+  std::vector<float> logits = random_values(size_t(3 * 201088), rng);
+  logits[1000] = 50.0f;
+  logits[2000] = 50.0f;
+  logits[201088 + 201087] = 9.0f;
+  logits[2 * 201088 + 5] = 9.0f;
+  const auto d_logits = to_device(logits);
+  cuda::DeviceBuffer d_ids(3 * 4);
+  cuda::argmax_rows(d_logits.get<float>(), 3, 201088, d_ids.get<int32_t>(), nullptr);
+  EXPECT_EQ(to_host<int32_t>(d_ids, 3), (std::vector<int32_t>{1000, 201087, 5}));
+}
+
+TEST(CudaOps, DummyWeightsEqualTheCpuDummyWeights) {
+  SKIP_WITHOUT_GPU();
+  auto source = make_dummy_weights(42);
+  struct Tensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    DType dtype;
+  };
+  const std::vector<Tensor> tensors = {
+      {"model.layers.0.self_attn.q_proj.weight", {300, 200}, DType::BF16},
+      {"model.layers.0.input_layernorm.weight", {70000}, DType::BF16},
+      {"model.layers.0.mlp.experts.gate_up_proj_blocks", {2, 64, 4, 16}, DType::U8},
+      {"model.layers.0.mlp.experts.gate_up_proj_scales", {2, 64, 4}, DType::U8},
+      {"model.layers.0.self_attn.q_proj.bias", {4096}, DType::F32},
+  };
+  for (const auto& t : tensors) {
+    const auto recipe = source->dummy_recipe(t.name, t.shape, t.dtype);
+    ASSERT_TRUE(recipe.has_value());
+    const TensorView cpu = source->get(t.name, t.shape, t.dtype, {t.dtype});
+    cuda::DummyFill fill;
+    fill.kind = cuda::DummyFill::Kind(int(recipe->kind));
+    fill.type = t.dtype == DType::U8 ? cuda::DummyFill::Type::U8
+                : t.dtype == DType::F32 ? cuda::DummyFill::Type::F32
+                                        : cuda::DummyFill::Type::BF16;
+    fill.name_hash = recipe->name_hash;
+    fill.bound = recipe->bound;
+    fill.constant = recipe->constant;
+    cuda::DeviceBuffer device(cpu.nbytes());
+    cuda::dummy_fill(device.get(), cpu.numel(), fill, nullptr);
+    const auto bytes = to_host<uint8_t>(device, cpu.nbytes());
+    EXPECT_EQ(0, std::memcmp(bytes.data(), cpu.data, cpu.nbytes())) << t.name;
+  }
+}
+
+#endif  // ANVIL_WITH_CUDA
+}  // namespace
+}  // namespace anvil
