@@ -1,5 +1,6 @@
 // Linear-layer kernels at gpt-oss shapes, and the machine's copy bandwidth to judge them by.
 //
+// fma_peak measures the arithmetic ceiling the same way bench-cpu does.
 // Matrix-vector (tokens = 1) is memory bound: bytes_per_second counts weight bytes streamed per
 // second, and pct_copy_bw compares that with measure_copy_bandwidth_gbps (STREAM-copy convention,
 // read + write bytes). Matrix-matrix (tokens = 8, 64) is compute bound: FLOPS counts 2 * out * in
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/machine_peak.h"
 #include "backend/cpu/memory_bandwidth.h"
 #include "backend/linear.h"
 #include "backend/vector_ops.h"
@@ -83,17 +85,9 @@ struct Layer {
   }
 };
 
-const char* format_name(WeightFormat format) {
-  switch (format) {
-    case WeightFormat::F32: return "F32";
-    case WeightFormat::BF16: return "BF16";
-    case WeightFormat::F16: return "F16";
-    case WeightFormat::MXFP4: return "MXFP4";
-  }
-  return "?";
-}
-
-void bench_linear(benchmark::State& state, WeightFormat format, int64_t out, int64_t in, int64_t tokens, int threads) {
+void bench_linear(benchmark::State& state, WeightFormat format, anvil::Mxfp4Activations mode, int64_t out, int64_t in,
+                  int64_t tokens, int threads) {
+  anvil::set_mxfp4_activations(mode);
   const Layer layer(format, out, in);
   uint64_t seed = 12345;
   std::vector<float> x(size_t(tokens * in));
@@ -125,6 +119,12 @@ void bench_copy_bandwidth(benchmark::State& state, int threads) {
   state.counters["copy_GBps"] = gbps;
 }
 
+void bench_fma_peak(benchmark::State& state, int threads) {
+  double gflops = 0.0;
+  for (auto _ : state) gflops = anvil::measure_peak_fma_gflops(pool_of(threads));
+  state.counters["peak_GFLOPS"] = gflops;
+}
+
 void register_benchmarks() {
   struct Shape {
     int64_t out, in;
@@ -136,14 +136,29 @@ void register_benchmarks() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
-  for (WeightFormat format : {WeightFormat::BF16, WeightFormat::MXFP4}) {
+  for (int threads : {1, 2}) {
+    benchmark::RegisterBenchmark(("fma_peak/threads:" + std::to_string(threads)).c_str(), bench_fma_peak, threads)
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  struct Kernel {
+    WeightFormat format;
+    anvil::Mxfp4Activations mode;  // MXFP4 only
+    std::string name;
+  };
+  const Kernel kernels[] = {{WeightFormat::BF16, anvil::Mxfp4Activations::Float32, "BF16"},
+                            {WeightFormat::MXFP4, anvil::Mxfp4Activations::Float32, "MXFP4-f32"},
+                            {WeightFormat::MXFP4, anvil::Mxfp4Activations::Int8, "MXFP4-int8"}};
+  for (const Kernel& kernel : kernels) {
     for (Shape shape : {Shape{5760, 2880}, Shape{2880, 2880}}) {
       for (int64_t tokens : {1, 8, 64}) {
         for (int threads : {1, 2}) {
-          const std::string name = std::string(tokens == 1 ? "matvec/" : "matmul/") + format_name(format) + "/" +
+          const std::string name = std::string(tokens == 1 ? "matvec/" : "matmul/") + kernel.name + "/" +
                                    std::to_string(shape.out) + "x" + std::to_string(shape.in) +
                                    "/tokens:" + std::to_string(tokens) + "/threads:" + std::to_string(threads);
-          benchmark::RegisterBenchmark(name.c_str(), bench_linear, format, shape.out, shape.in, tokens, threads)
+          benchmark::RegisterBenchmark(name.c_str(), bench_linear, kernel.format, kernel.mode, shape.out, shape.in,
+                                       tokens, threads)
               ->UseRealTime()
               ->Unit(benchmark::kMicrosecond);
         }

@@ -1,5 +1,10 @@
 #include "backend/linear.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
@@ -47,7 +52,46 @@ void validate_io(const float* x, int64_t tokens, const float* y) {
   if (tokens > 0 && (x == nullptr || y == nullptr)) fail("linear layer: null input or output");
 }
 
+Mxfp4Activations mode_from_environment() {
+  const char* value = std::getenv("ANVIL_MXFP4_ACTIVATIONS");
+  if (value == nullptr || *value == '\0') return kDefaultMxfp4Activations;
+  if (std::strcmp(value, "int8") == 0) return Mxfp4Activations::Int8;
+  if (std::strcmp(value, "f32") == 0) return Mxfp4Activations::Float32;
+  fail("ANVIL_MXFP4_ACTIVATIONS must be int8 or f32, got '{}'", value);
+}
+
+std::atomic<int>& mode_slot() {
+  static std::atomic<int> mode{int(mode_from_environment())};
+  return mode;
+}
+
+// Quantized input buffers, reused across calls like the packed-x buffer below.
+struct Int8Buffers {
+  std::vector<int8_t> q;
+  std::vector<int16_t> offsets;
+  std::vector<float> scales;
+
+  cpu::Mxfp4Int8Input prepare(int64_t tokens, int64_t in) {
+    const size_t n = size_t(tokens) * size_t(in);
+    if (q.size() < n) {
+      q.resize(n);
+      offsets.resize(n / 2);
+      scales.resize(n / 32);
+    }
+    return {q.data(), offsets.data(), scales.data()};
+  }
+};
+
 void forward_avx2(const LinearWeight& weight, const float* x, int64_t tokens, float* y, ThreadPool& pool) {
+  if (weight.format == WeightFormat::MXFP4 && mxfp4_activations() == Mxfp4Activations::Int8) {
+    thread_local Int8Buffers buffers;
+    const cpu::Mxfp4Int8Input input = buffers.prepare(tokens, weight.in_features);
+    cpu::mxfp4_int8_quantize_avx2(x, tokens, weight.in_features, input);
+    cpu::linear_parallel_rows(pool, weight, tokens, [&](int64_t begin, int64_t end) {
+      cpu::mxfp4_int8_rows_avx2(weight, input, tokens, y, begin, end);
+    });
+    return;
+  }
   const float* x_packed = x;
   if (cpu::linear_avx2_needs_packed_x(weight.format)) {
     // Reused across calls: decode runs this once per layer per token, and a fresh allocation
@@ -64,6 +108,32 @@ void forward_avx2(const LinearWeight& weight, const float* x, int64_t tokens, fl
 }
 
 }  // namespace
+
+Mxfp4Activations mxfp4_activations() { return Mxfp4Activations(mode_slot().load(std::memory_order_relaxed)); }
+
+void set_mxfp4_activations(Mxfp4Activations mode) { mode_slot().store(int(mode), std::memory_order_relaxed); }
+
+const char* mxfp4_activations_name(Mxfp4Activations mode) {
+  return mode == Mxfp4Activations::Int8 ? "int8" : "f32";
+}
+
+void quantize_mxfp4_input(const float* x, int64_t in, int8_t* q, float* scales) {
+  if (in % 32 != 0) fail("quantize_mxfp4_input: length {} is not a multiple of 32", in);
+  for (int64_t b = 0; b < in / 32; ++b) {
+    const float* block = x + b * 32;
+    uint32_t amax_bits = 0;
+    for (int i = 0; i < 32; ++i) amax_bits = std::max(amax_bits, f32_to_bits(block[i]) & 0x7fffffffu);
+    if (amax_bits >= 0x7f800000u || amax_bits < cpu::kMxfp4Int8MinBlockMaxBits) {
+      std::fill(q + b * 32, q + b * 32 + 32, int8_t(0));
+      scales[b] = amax_bits >= 0x7f800000u ? NAN : 0.0f;
+      continue;
+    }
+    const float amax = f32_from_bits(amax_bits);
+    const float inverse = 127.0f / amax;
+    scales[b] = amax / 127.0f * 0.5f;
+    for (int i = 0; i < 32; ++i) q[b * 32 + i] = int8_t(std::nearbyint(block[i] * inverse));
+  }
+}
 
 size_t LinearWeight::weight_bytes() const {
   const size_t elements = size_t(out_features) * size_t(in_features);
@@ -126,11 +196,36 @@ void linear_decode_row(const LinearWeight& weight, int64_t row, float* out) {
   }
 }
 
-void linear_forward_reference(const LinearWeight& weight, const float* x, int64_t tokens, float* y) {
+void linear_forward_reference(const LinearWeight& weight, const float* x, int64_t tokens, float* y,
+                              Mxfp4Activations mxfp4) {
   validate(weight);
   validate_io(x, tokens, y);
   const int64_t in = weight.in_features;
   const int64_t out = weight.out_features;
+  if (weight.format == WeightFormat::MXFP4 && mxfp4 == Mxfp4Activations::Int8) {
+    const int64_t blocks = in / 32;
+    std::vector<int8_t> q(size_t(tokens * in));
+    std::vector<float> scales(size_t(tokens * blocks));
+    for (int64_t t = 0; t < tokens; ++t) quantize_mxfp4_input(x + t * in, in, q.data() + t * in, scales.data() + t * blocks);
+    const uint8_t* codes = static_cast<const uint8_t*>(weight.data);
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        double sum = 0.0;
+        for (int64_t b = 0; b < blocks; ++b) {
+          int64_t dot = 0;
+          for (int j = 0; j < 16; ++j) {
+            const uint8_t byte = codes[(o * blocks + b) * 16 + j];
+            dot += int64_t(q[size_t(t * in + b * 32 + 2 * j)]) * int64_t(kFp4E2M1Values[byte & 0x0f] * 2.0f);
+            dot += int64_t(q[size_t(t * in + b * 32 + 2 * j + 1)]) * int64_t(kFp4E2M1Values[byte >> 4] * 2.0f);
+          }
+          sum += double(scales[size_t(t * blocks + b)]) * double(e8m0_to_f32(weight.scales[o * blocks + b])) * double(dot);
+        }
+        if (weight.bias != nullptr) sum += double(weight.bias[o]);
+        y[t * out + o] = float(sum);
+      }
+    }
+    return;
+  }
   std::vector<float> w(static_cast<size_t>(in));
   for (int64_t o = 0; o < out; ++o) {
     linear_decode_row(weight, o, w.data());

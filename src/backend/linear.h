@@ -26,13 +26,45 @@ struct LinearWeight {
   size_t weight_bytes() const;
 };
 
+// What MXFP4 layers multiply their weights with. Dense formats always use float32 inputs.
+enum class Mxfp4Activations {
+  // Exact: weights decoded to float32 and multiplied with the float32 input.
+  Float32,
+  // The input quantized to int8 per 32-element block with one float scale per block
+  // (quantize_mxfp4_input), multiplied with the doubled E2M1 codes in exact integer arithmetic,
+  // one float multiply-add per block (llama.cpp's approach). Several times fewer instructions per
+  // weight; each block's input carries a relative rounding error of up to 1/254 of its largest
+  // element, so results differ from Float32 by about 1e-3 relative.
+  Int8,
+};
+
+// The process-wide choice. Starts as ANVIL_MXFP4_ACTIVATIONS ("int8" or "f32") when set, else
+// Float32: Int8 moves gpt-oss logits by up to ~0.1 (tiny fixture model), which breaks the
+// promise of matching transformers to 1e-3, so it is opt-in. Set it before running models;
+// changing it while a layer runs on another thread is a race.
+inline constexpr Mxfp4Activations kDefaultMxfp4Activations = Mxfp4Activations::Float32;
+Mxfp4Activations mxfp4_activations();
+void set_mxfp4_activations(Mxfp4Activations mode);
+const char* mxfp4_activations_name(Mxfp4Activations mode);  // "int8" or "f32"
+
 // y[t, o] = sum_i x[t, i] * W[o, i] + bias[o] for t in [0, tokens). x is [tokens, in] and y is
 // [tokens, out], float32 row-major. Accumulation is float32. Uses the fastest kernel this CPU
-// supports; results equal linear_forward_reference within float32 reassociation error.
+// supports; results equal linear_forward_reference (with the current mxfp4_activations()) within
+// float32 reassociation error.
 void linear_forward(const LinearWeight& weight, const float* x, int64_t tokens, float* y, ThreadPool& pool);
 
-// The scalar reference every SIMD kernel is tested against.
-void linear_forward_reference(const LinearWeight& weight, const float* x, int64_t tokens, float* y);
+// The scalar reference every SIMD kernel is tested against; `mxfp4` says how MXFP4 layers treat
+// the input (dense formats ignore it).
+void linear_forward_reference(const LinearWeight& weight, const float* x, int64_t tokens, float* y,
+                              Mxfp4Activations mxfp4 = Mxfp4Activations::Float32);
+
+// The Int8 quantization of one token's input, in natural order, as every kernel applies it: per
+// 32-element block, amax = max |x|, q = round-half-even(x * (127 / amax)) (0 when amax is 0) and
+// scale = amax / 127 / 2, the halving because the kernels multiply with doubled E2M1 values. So
+// x ~ 2 * scale * q and a block contributes (2^(s - 127) * scale) * sum(q * 2 * e2m1). A block
+// with an infinity or NaN gets q = 0 and scale NaN: its outputs become NaN, as float32 math would
+// make them; one whose amax is below 2^-120 gets q = 0 and scale 0. in must be a multiple of 32.
+void quantize_mxfp4_input(const float* x, int64_t in, int8_t* q, float* scales);
 
 // Decodes row `row` of the weight to float32 (in_features values); for tests and small tensors.
 void linear_decode_row(const LinearWeight& weight, int64_t row, float* out);

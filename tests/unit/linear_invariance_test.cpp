@@ -50,7 +50,15 @@ void expect_batch_invariant(WeightFormat format, int64_t out, int64_t in) {
   }
 }
 
-TEST(LinearBatchInvariance, Mxfp4) { expect_batch_invariant(WeightFormat::MXFP4, 67, 2880); }
+TEST(LinearBatchInvariance, Mxfp4) {
+  const Mxfp4Activations saved = mxfp4_activations();
+  for (Mxfp4Activations mode : {Mxfp4Activations::Float32, Mxfp4Activations::Int8}) {
+    SCOPED_TRACE(mxfp4_activations_name(mode));
+    set_mxfp4_activations(mode);
+    expect_batch_invariant(WeightFormat::MXFP4, 67, 2880);
+  }
+  set_mxfp4_activations(saved);
+}
 TEST(LinearBatchInvariance, Bf16) { expect_batch_invariant(WeightFormat::BF16, 67, 2880); }
 TEST(LinearBatchInvariance, F16) { expect_batch_invariant(WeightFormat::F16, 33, 640); }
 TEST(LinearBatchInvariance, F32) { expect_batch_invariant(WeightFormat::F32, 33, 640); }

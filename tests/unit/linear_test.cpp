@@ -32,6 +32,37 @@ const char* name_of(WeightFormat format) {
   return "?";
 }
 
+// Sets the MXFP4 activation mode for a scope.
+class ScopedMxfp4Activations {
+ public:
+  explicit ScopedMxfp4Activations(Mxfp4Activations mode) : saved_(mxfp4_activations()) { set_mxfp4_activations(mode); }
+  ~ScopedMxfp4Activations() { set_mxfp4_activations(saved_); }
+  ScopedMxfp4Activations(const ScopedMxfp4Activations&) = delete;
+  ScopedMxfp4Activations& operator=(const ScopedMxfp4Activations&) = delete;
+
+ private:
+  Mxfp4Activations saved_;
+};
+
+// Runs fn once per kernel family of the format: MXFP4 has one per activation mode.
+template <typename Fn>
+void for_each_mode(WeightFormat format, const Fn& fn) {
+  if (format != WeightFormat::MXFP4) {
+    fn();
+    return;
+  }
+  for (Mxfp4Activations mode : {Mxfp4Activations::Float32, Mxfp4Activations::Int8}) {
+    ScopedMxfp4Activations scoped(mode);
+    fn();
+  }
+}
+
+std::string kernel_name(WeightFormat format) {
+  std::string name = name_of(format);
+  if (format == WeightFormat::MXFP4) name += std::string("/") + mxfp4_activations_name(mxfp4_activations());
+  return name;
+}
+
 // A layer with random weights that owns its storage.
 struct RandomLayer {
   std::vector<uint8_t> data;
@@ -128,9 +159,10 @@ LinearWeight slice_rows(const LinearWeight& weight, RowRange range) {
 }
 
 // Runs linear_forward (and the portable kernel) for each token count on a prefix of one input
-// and compares the rows in `checked` with the reference, allowing float32 reassociation error:
-// 1e-5 of sum_i |x_i * w_i| + |bias|. The reference is slow, so big layers check a few row ranges
-// (including the boundary between the two threads' halves).
+// and compares the rows in `checked` with the reference (in the current MXFP4 activation mode),
+// allowing float32 reassociation error: 1e-5 of sum_i |x_i * w_i| + |bias|. The reference is
+// slow, so big layers check a few row ranges (including the boundary between the two threads'
+// halves).
 void check_against_reference(WeightFormat format, Shape shape, const std::vector<int64_t>& token_counts,
                              bool bias, uint32_t seed, std::vector<RowRange> checked = {},
                              int scale_min = 120, int scale_span = 12) {
@@ -150,7 +182,7 @@ void check_against_reference(WeightFormat format, Shape shape, const std::vector
     const LinearWeight slice = slice_rows(layer.weight, range);
     Expected e{range, std::vector<float>(size_t(max_tokens * slice.out_features)),
                std::vector<double>(size_t(max_tokens * slice.out_features))};
-    linear_forward_reference(slice, x.data(), max_tokens, e.y.data());
+    linear_forward_reference(slice, x.data(), max_tokens, e.y.data(), mxfp4_activations());
     std::vector<float> w(static_cast<size_t>(shape.in));
     for (int64_t o = 0; o < slice.out_features; ++o) {
       linear_decode_row(slice, o, w.data());
@@ -187,7 +219,7 @@ void check_against_reference(WeightFormat format, Shape shape, const std::vector
 
   ThreadPool pool(2);
   for (int64_t tokens : token_counts) {
-    const std::string what = std::string(name_of(format)) + " out=" + std::to_string(shape.out) +
+    const std::string what = kernel_name(format) + " out=" + std::to_string(shape.out) +
                              " in=" + std::to_string(shape.in) + " tokens=" + std::to_string(tokens) +
                              (bias ? " bias" : "");
     std::vector<float> y(size_t(tokens * shape.out), NAN);
@@ -212,33 +244,40 @@ TEST(Linear, MatchesReferenceOnSmallShapes) {
     if (format != WeightFormat::MXFP4) {
       shapes.insert(shapes.end(), {{37, 67}, {1, 1}, {5, 7}, {9, 15}, {33, 17}, {70, 301}});
     }
-    uint32_t seed = 1;
-    for (const Shape& shape : shapes) {
-      check_against_reference(format, shape, tokens, /*bias=*/seed % 2 == 0, seed);
-      ++seed;
-    }
+    for_each_mode(format, [&] {
+      uint32_t seed = 1;
+      for (const Shape& shape : shapes) {
+        check_against_reference(format, shape, tokens, /*bias=*/seed % 2 == 0, seed);
+        ++seed;
+      }
+    });
   }
 }
 
 TEST(LinearMxfp4, MatchesReferenceWithWideScales) {
   // Block scales the kernels' scaled lookup table cannot take (it covers 2^-13..2^13): first
   // nearly every row has some, then about one block in 28, so row groups of both kinds occur.
-  check_against_reference(WeightFormat::MXFP4, {37, 320}, {1, 2, 3, 5, 8, 9, 23}, true, 77, {}, 100, 54);
-  check_against_reference(WeightFormat::MXFP4, {37, 320}, {1, 2, 3, 5, 8, 9, 23}, true, 78, {}, 113, 28);
+  for_each_mode(WeightFormat::MXFP4, [] {
+    check_against_reference(WeightFormat::MXFP4, {37, 320}, {1, 2, 3, 5, 8, 9, 23}, true, 77, {}, 100, 54);
+    check_against_reference(WeightFormat::MXFP4, {37, 320}, {1, 2, 3, 5, 8, 9, 23}, true, 78, {}, 113, 28);
+  });
 }
 
 TEST(Linear, MatchesReferenceWithManyTokens) {
   // Past one group of tokens in the many-token kernel, with uneven groups.
   uint32_t seed = 50;
   for (WeightFormat format : kAllFormats) {
-    check_against_reference(format, {50, 320}, {97, 150, 200}, /*bias=*/true, seed++);
+    for_each_mode(format, [&] { check_against_reference(format, {50, 320}, {97, 150, 200}, /*bias=*/true, seed); });
+    ++seed;
   }
 }
 
 TEST(Linear, MatchesReferenceAtGptOssShape) {
   for (WeightFormat format : kAllFormats) {
-    check_against_reference(format, {5760, 2880}, {1, 3, 17, 70}, /*bias=*/true, 100,
-                            {{0, 40}, {2860, 2900}, {5737, 5760}});
+    for_each_mode(format, [&] {
+      check_against_reference(format, {5760, 2880}, {1, 3, 17, 70}, /*bias=*/true, 100,
+                              {{0, 40}, {2860, 2900}, {5737, 5760}});
+    });
   }
 }
 
@@ -246,16 +285,18 @@ TEST(Linear, ResultDoesNotDependOnThreadCount) {
   ThreadPool one(1), two(2), three(3);
   for (WeightFormat format : kAllFormats) {
     RandomLayer layer(format, 1000, 640, true, 7);
-    for (int64_t tokens : {1, 2, 11, 50}) {
-      const std::vector<float> x = random_input(tokens, 640, 8);
-      const size_t count = size_t(tokens * 1000);
-      std::vector<float> y1(count), y2(count), y3(count);
-      linear_forward(layer.weight, x.data(), tokens, y1.data(), one);
-      linear_forward(layer.weight, x.data(), tokens, y2.data(), two);
-      linear_forward(layer.weight, x.data(), tokens, y3.data(), three);
-      EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), count * sizeof(float))) << name_of(format) << " " << tokens;
-      EXPECT_EQ(0, std::memcmp(y1.data(), y3.data(), count * sizeof(float))) << name_of(format) << " " << tokens;
-    }
+    for_each_mode(format, [&] {
+      for (int64_t tokens : {1, 2, 11, 50}) {
+        const std::vector<float> x = random_input(tokens, 640, 8);
+        const size_t count = size_t(tokens * 1000);
+        std::vector<float> y1(count), y2(count), y3(count);
+        linear_forward(layer.weight, x.data(), tokens, y1.data(), one);
+        linear_forward(layer.weight, x.data(), tokens, y2.data(), two);
+        linear_forward(layer.weight, x.data(), tokens, y3.data(), three);
+        EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), count * sizeof(float))) << kernel_name(format) << " " << tokens;
+        EXPECT_EQ(0, std::memcmp(y1.data(), y3.data(), count * sizeof(float))) << kernel_name(format) << " " << tokens;
+      }
+    });
   }
 }
 
@@ -269,14 +310,16 @@ TEST(Linear, TokenResultDoesNotDependOnBatch) {
     const int64_t max_tokens = 70;
     const std::vector<float> x = random_input(max_tokens, in, 12);
     std::vector<float> alone(size_t(max_tokens * 45)), together(size_t(max_tokens * 45));
-    for (int64_t t = 0; t < max_tokens; ++t) {
-      linear_forward(layer.weight, x.data() + t * in, 1, alone.data() + t * 45, pool);
-    }
-    for (int64_t tokens : {2, 3, 5, 8, 9, 19, 20, 31, 32, 70}) {
-      linear_forward(layer.weight, x.data(), tokens, together.data(), pool);
-      EXPECT_EQ(0, std::memcmp(alone.data(), together.data(), size_t(tokens * 45) * sizeof(float)))
-          << name_of(format) << " tokens " << tokens;
-    }
+    for_each_mode(format, [&] {
+      for (int64_t t = 0; t < max_tokens; ++t) {
+        linear_forward(layer.weight, x.data() + t * in, 1, alone.data() + t * 45, pool);
+      }
+      for (int64_t tokens : {2, 3, 5, 8, 9, 19, 20, 31, 32, 70}) {
+        linear_forward(layer.weight, x.data(), tokens, together.data(), pool);
+        EXPECT_EQ(0, std::memcmp(alone.data(), together.data(), size_t(tokens * 45) * sizeof(float)))
+            << kernel_name(format) << " tokens " << tokens;
+      }
+    });
   }
 }
 
@@ -301,11 +344,13 @@ TEST(Linear, EmptyInputGivesBias) {
     weight.bias = bias;
     const float x = 0.0f;
     ThreadPool pool(2);
-    for (int64_t tokens : {2, 40}) {  // both the few-token and the many-token kernels
-      std::vector<float> y(size_t(tokens * 3), NAN);
-      linear_forward(weight, &x, tokens, y.data(), pool);
-      for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], bias[i % 3]) << name_of(format) << " " << i;
-    }
+    for_each_mode(format, [&] {
+      for (int64_t tokens : {2, 40}) {  // both the few-token and the many-token kernels
+        std::vector<float> y(size_t(tokens * 3), NAN);
+        linear_forward(weight, &x, tokens, y.data(), pool);
+        for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], bias[i % 3]) << kernel_name(format) << " " << i;
+      }
+    });
   }
 }
 
@@ -404,20 +449,131 @@ TEST(LinearMxfp4, DecodesHandBuiltBlocks) {
 TEST(LinearMxfp4, KernelsPickEachElementWithItsScale) {
   // One-hot inputs make y[t] the weight element t itself, so any nibble-order or scale mix-up in
   // a SIMD kernel shows as a wrong value in a known place. 64 tokens also cover the many-token
-  // path (tiles of 8) and the few-token path (the tail).
-  for (const auto& scales : {std::pair<uint8_t, uint8_t>{127, 129}, {1, 140}, {0, 130}, {100, 126}}) {
-    HandBuiltMxfp4 layer(scales.first, scales.second);
-    for (int64_t tokens : {64, 3, 1}) {
-      std::vector<float> x(size_t(tokens * 64), 0.0f);
-      for (int64_t t = 0; t < tokens; ++t) x[size_t(t * 64 + t)] = 1.0f;
-      std::vector<float> y(static_cast<size_t>(tokens));
-      ThreadPool pool(2);
-      linear_forward(layer.weight, x.data(), tokens, y.data(), pool);
-      for (int64_t t = 0; t < tokens; ++t) {
-        EXPECT_EQ(y[size_t(t)], layer.expected[t])
-            << "scales " << int(scales.first) << "," << int(scales.second) << " tokens " << tokens
-            << " element " << t;
+  // path (tiles of 8) and the few-token path (the tail). The int8 kernels see the 1 as 127 with
+  // scale 1/254 (rounded), so they are exact to one float rounding of that scale (and a few
+  // units of 2^-149 where the product is subnormal).
+  for_each_mode(WeightFormat::MXFP4, [] {
+    const bool exact = mxfp4_activations() == Mxfp4Activations::Float32;
+    for (const auto& scales : {std::pair<uint8_t, uint8_t>{127, 129}, {1, 140}, {0, 130}, {100, 126}}) {
+      HandBuiltMxfp4 layer(scales.first, scales.second);
+      for (int64_t tokens : {64, 3, 1}) {
+        std::vector<float> x(size_t(tokens * 64), 0.0f);
+        for (int64_t t = 0; t < tokens; ++t) x[size_t(t * 64 + t)] = 1.0f;
+        std::vector<float> y(static_cast<size_t>(tokens));
+        ThreadPool pool(2);
+        linear_forward(layer.weight, x.data(), tokens, y.data(), pool);
+        for (int64_t t = 0; t < tokens; ++t) {
+          const float want = layer.expected[t];
+          if (exact) {
+            EXPECT_EQ(y[size_t(t)], want) << "scales " << int(scales.first) << "," << int(scales.second)
+                                          << " tokens " << tokens << " element " << t;
+          } else {
+            EXPECT_NEAR(y[size_t(t)], want, std::fabs(want) * 2e-7f + 1e-43f)
+                << "int8, scales " << int(scales.first) << "," << int(scales.second) << " tokens " << tokens
+                << " element " << t;
+          }
+        }
       }
+    }
+  });
+}
+
+TEST(LinearMxfp4Int8, QuantizesLikeTheDefinition) {
+  // Block 0 spans signs and a tie (0.5 * 127 / 127 rounds to even), block 1 is all zero, block 2
+  // tiny (below 2^-120: zero), block 3 holds an infinity and block 4 a NaN (both poison the block).
+  std::vector<float> x(160, 0.0f);
+  for (int i = 0; i < 32; ++i) x[size_t(i)] = float(i - 16) / 16.0f;
+  x[5] = 0.5f / 127.0f * 1.0f;  // exactly half a step: rounds to 0
+  for (int i = 64; i < 96; ++i) x[size_t(i)] = 1e-38f;
+  x[100] = INFINITY;
+  x[140] = NAN;
+  int8_t q[160];
+  float scales[5];
+  quantize_mxfp4_input(x.data(), 160, q, scales);
+  EXPECT_EQ(scales[0], 1.0f / 127.0f * 0.5f);
+  EXPECT_EQ(q[0], -127);  // -16/16 = -1 -> -127
+  EXPECT_EQ(q[31], int8_t(std::nearbyint(15.0f / 16.0f * 127.0f)));
+  EXPECT_EQ(q[16], 0);
+  EXPECT_EQ(q[5], 0);
+  EXPECT_EQ(scales[1], 0.0f);
+  EXPECT_EQ(scales[2], 0.0f);
+  for (int i = 32; i < 160; ++i) EXPECT_EQ(q[i], 0) << i;
+  EXPECT_TRUE(std::isnan(scales[3]));
+  EXPECT_TRUE(std::isnan(scales[4]));
+  EXPECT_THROW(quantize_mxfp4_input(x.data(), 48, q, scales), Error);
+}
+
+TEST(LinearMxfp4Int8, SimdQuantizationMatchesTheDefinition) {
+  if (!cpu::cpu_use_avx2()) GTEST_SKIP() << "no AVX2";
+  const int64_t tokens = 3, in = 320;
+  std::vector<float> x = random_input(tokens, in, 5);
+  x[7] = 1e-39f;      // a denormal in an ordinary block
+  x[40] = -1e30f;     // a huge value: the rest of its block rounds to 0
+  for (int i = 64; i < 96; ++i) x[size_t(i)] = 1e-37f * float(i % 5);  // below 2^-120 only for some
+  std::vector<int8_t> q(size_t(tokens * in));
+  std::vector<int16_t> offsets(size_t(tokens * in / 2));
+  std::vector<float> scales(size_t(tokens * in / 32));
+  cpu::mxfp4_int8_quantize_avx2(x.data(), tokens, in, {q.data(), offsets.data(), scales.data()});
+  std::vector<int8_t> want_q(static_cast<size_t>(in));
+  std::vector<float> want_scales(static_cast<size_t>(in / 32));
+  for (int64_t t = 0; t < tokens; ++t) {
+    quantize_mxfp4_input(x.data() + t * in, in, want_q.data(), want_scales.data());
+    for (int64_t b = 0; b < in / 32; ++b) {
+      EXPECT_EQ(scales[size_t(t * in / 32 + b)], want_scales[size_t(b)]) << t << " " << b;
+      const int8_t* got = q.data() + t * in + b * 32;
+      const int16_t* got_offsets = offsets.data() + t * in / 2 + b * 16;
+      for (int j = 0; j < 16; ++j) {
+        // Kernel order: the block's even elements, then its odd ones.
+        EXPECT_EQ(got[j], want_q[size_t(b * 32 + 2 * j)]) << t << " " << b << " " << j;
+        EXPECT_EQ(got[16 + j], want_q[size_t(b * 32 + 2 * j + 1)]) << t << " " << b << " " << j;
+        EXPECT_EQ(got_offsets[j], 12 * (int(got[2 * j]) + int(got[2 * j + 1]))) << t << " " << b << " " << j;
+      }
+    }
+  }
+}
+
+TEST(LinearMxfp4Int8, StaysCloseToFloat32) {
+  // The int8 mode is an approximation: check its size on gpt-oss-like input (Gaussian), relative
+  // to sum |x * w|, so a kernel that quietly lost precision (a wrong scale, a saturating sum)
+  // would show even where it matched its own reference.
+  RandomLayer layer(WeightFormat::MXFP4, 64, 2880, false, 21);
+  const int64_t tokens = 3;
+  const std::vector<float> x = random_input(tokens, 2880, 22);
+  std::vector<float> exact(size_t(tokens * 64)), approx(exact.size()), w(2880);
+  ThreadPool pool(2);
+  {
+    ScopedMxfp4Activations mode(Mxfp4Activations::Float32);
+    linear_forward(layer.weight, x.data(), tokens, exact.data(), pool);
+  }
+  {
+    ScopedMxfp4Activations mode(Mxfp4Activations::Int8);
+    linear_forward(layer.weight, x.data(), tokens, approx.data(), pool);
+  }
+  double worst = 0.0;
+  for (int64_t o = 0; o < 64; ++o) {
+    linear_decode_row(layer.weight, o, w.data());
+    for (int64_t t = 0; t < tokens; ++t) {
+      double magnitude = 0.0;
+      for (int64_t i = 0; i < 2880; ++i) magnitude += std::fabs(double(x[size_t(t * 2880 + i)]) * double(w[size_t(i)]));
+      worst = std::max(worst, std::fabs(double(exact[size_t(t * 64 + o)]) - double(approx[size_t(t * 64 + o)])) / magnitude);
+    }
+  }
+  EXPECT_GT(worst, 0.0);  // it is an approximation
+  EXPECT_LT(worst, 2e-3);
+}
+
+TEST(LinearMxfp4Int8, NonFiniteInputGivesNan) {
+  RandomLayer layer(WeightFormat::MXFP4, 5, 64, true, 31);
+  ScopedMxfp4Activations mode(Mxfp4Activations::Int8);
+  ThreadPool pool(1);
+  for (float poison : {float(INFINITY), float(NAN)}) {
+    std::vector<float> x = random_input(2, 64, 32);
+    x[64 + 40] = poison;  // token 1, block 1
+    std::vector<float> y(10);
+    linear_forward(layer.weight, x.data(), 2, y.data(), pool);
+    for (int o = 0; o < 5; ++o) {
+      EXPECT_TRUE(std::isfinite(y[size_t(o)])) << o;
+      EXPECT_TRUE(std::isnan(y[size_t(5 + o)])) << o;
     }
   }
 }

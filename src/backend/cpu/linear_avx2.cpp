@@ -1,11 +1,14 @@
-// AVX2+FMA+F16C linear kernels, in two regimes:
-//  - few tokens (decode, matrix-vector): memory bound. Rows are streamed once; each weight vector
-//    is decoded in registers and used at once for a tile of up to 8 tokens.
+// AVX2+FMA+F16C linear kernels, in three regimes:
+//  - one token (decode): memory bound. Rows are streamed once; each weight vector is decoded in
+//    registers and used at once, several rows at a time to cover FMA latency. MXFP4 also uses
+//    these register tiles for up to 8 tokens, as its decode is too costly to repeat per tile.
+//  - a few tokens of a dense format (batched decode): compute bound. Register tiles over column
+//    blocks sized for L1 (batch_rows).
 //  - many tokens (prefill, matrix-matrix): compute bound. Row blocks are decoded once into a float
 //    buffer and a register-tiled micro-kernel reuses each weight vector across several tokens.
 //
 // Batch invariance: y[t] must not depend on which other tokens share the call (the server
-// batches unrelated requests), so both regimes compute every (row, token) dot product in one
+// batches unrelated requests), so every regime computes every (row, token) dot product in one
 // canonical order: a single 8-lane accumulator, acc = fma(w_j, x_j, acc) over the 8-wide weight
 // vectors j in packed order; then hsum(acc); then the tail elements (in % chunk, natural order)
 // one fma at a time; then + bias. Latency is hidden by working on several rows or tokens at
@@ -110,6 +113,17 @@ ANVIL_INLINE V in_register(V v) {
   return v;
 }
 
+// Calls f.operator()<I>() for I in [begin, end): loop bodies whose index must be a compile-time
+// constant. Accumulator arrays indexed by a plain loop variable can defeat GCC's scalarization
+// (it runs before unrolling) and end up on the stack, reloaded and stored every iteration.
+template <int I, int End, typename F>
+ANVIL_INLINE void static_for(const F& f) {
+  if constexpr (I < End) {
+    f.template operator()<I>();
+    static_for<I + 1, End>(f);
+  }
+}
+
 ANVIL_INLINE float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -136,6 +150,7 @@ ANVIL_INLINE float f16_bits_to_f32(uint16_t bits) { return _cvtsh_ss(bits); }
 struct F32Row {
   static constexpr int64_t kChunk = 8;
   static constexpr int kVecs = 1;
+  static constexpr int64_t kChunkBytes = 32;
   using Chunk = const float*;
   const float* w;
   ANVIL_INLINE Chunk load(int64_t c) const { return w + c * 8; }
@@ -146,6 +161,7 @@ struct F32Row {
 struct F16Row {
   static constexpr int64_t kChunk = 8;
   static constexpr int kVecs = 1;
+  static constexpr int64_t kChunkBytes = 16;
   using Chunk = const uint16_t*;
   const uint16_t* w;
   ANVIL_INLINE Chunk load(int64_t c) const { return w + c * 8; }
@@ -157,16 +173,18 @@ struct F16Row {
 
 // bf16 is the top half of a float, so a 32-bit lane holding two bf16 values gives the odd one
 // by masking off the low half and the even one by shifting it up: no shuffles. Chunk order is
-// therefore the 8 even elements, then the 8 odd ones.
+// therefore the 8 even elements, then the 8 odd ones. Each vector loads its 32 bytes again
+// rather than keeping the pair in a register: loads are cheap (two per cycle, from L1), and a
+// register per row of a tile is what multi-token tiles run short of.
 struct BF16Row {
   static constexpr int64_t kChunk = 16;
   static constexpr int kVecs = 2;
-  using Chunk = __m256i;
+  static constexpr int64_t kChunkBytes = 32;
+  using Chunk = const uint16_t*;
   const uint16_t* w;
-  ANVIL_INLINE Chunk load(int64_t c) const {
-    return in_register(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c * 16)));
-  }
-  ANVIL_INLINE __m256 vec(Chunk pairs, int v) const {
+  ANVIL_INLINE Chunk load(int64_t c) const { return w + c * 16; }
+  ANVIL_INLINE __m256 vec(Chunk chunk, int v) const {
+    const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk));
     return v == 0 ? _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16))
                   : _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(int32_t(0xffff0000u))));
   }
@@ -222,11 +240,22 @@ struct Mxfp4Row {
   }
   ANVIL_INLINE float at(int64_t) const { return 0.0f; }  // in % 32 == 0: there is no tail
 
-  // Whether every block scale of the row allows the scaled table.
-  static bool scales_fit_lut(const uint8_t* row_scales, int64_t blocks) {
-    bool fit = true;
-    for (int64_t g = 0; g < blocks; ++g) fit &= row_scales[g] >= kMinLutScale && row_scales[g] <= kMaxLutScale;
-    return fit;
+  // Whether every one of n block scales allows the scaled table. Vectorized: a byte-at-a-time
+  // loop costs as much as decoding a few blocks, and it runs once per row group.
+  static bool scales_fit_lut(const uint8_t* s, int64_t n) {
+    if (n < 32) {
+      bool fit = true;
+      for (int64_t i = 0; i < n; ++i) fit &= s[i] >= kMinLutScale && s[i] <= kMaxLutScale;
+      return fit;
+    }
+    const __m256i low = _mm256_set1_epi8(char(kMinLutScale)), high = _mm256_set1_epi8(char(kMaxLutScale));
+    auto check = [&](int64_t i) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+      return _mm256_cmpeq_epi8(_mm256_min_epu8(_mm256_max_epu8(v, low), high), v);
+    };
+    __m256i fit = check(n - 32);  // the last 32, overlapping the loop's: no scalar tail
+    for (int64_t i = 0; i + 32 <= n; i += 32) fit = _mm256_and_si256(fit, check(i));
+    return _mm256_movemask_epi8(fit) == -1;
   }
 };
 
@@ -237,10 +266,10 @@ struct Mxfp4Row {
 constexpr int64_t kMaxRegisterTokens = 8;
 
 // Rows computed together for a tile of T tokens: with one accumulator per dot product, a single
-// token needs several rows in flight to cover FMA latency; rows also share each x load. MXFP4
-// decoding is slow enough that two rows cover the latency, and more would only add streams.
+// token needs several rows in flight to cover FMA latency; rows also share each x load. (A
+// single MXFP4 token goes through mxfp4_one_token instead.)
 template <class Row, int T>
-constexpr int kRowsPerTile = T == 1 ? (Row::kChunk == 32 ? 2 : 4) : (T <= 3 ? 2 : 1);
+constexpr int kRowsPerTile = T == 1 ? 4 : (T <= 3 ? 2 : 1);
 
 // sums[r * T + t] = dot(rows[r], x[t]) in the canonical order (see the top of the file).
 template <class Row, int R, int T>
@@ -485,11 +514,148 @@ bool gemm_pays_off(WeightFormat format, int64_t tokens) {
   return tokens >= (format == WeightFormat::MXFP4 ? 20 : 32);
 }
 
+// --- Small batches of a dense format: register tiles over L1-sized column blocks -----------
+// A batch of a few tokens (the server decoding several sequences) is compute bound, but too
+// small to amortize the GEMM path's float buffer. Weights are converted in registers (one shift
+// or mask per 8 bf16 values, on a port the FMAs leave free) inside a 2-row x 4-token tile of 8
+// accumulators. What keeps the FMA units fed is the blocking: a column block of every token's
+// x is copied, chunk-major ([chunk][token][chunk elements]), into a buffer that stays in L1 and
+// that the tile reads as one sequential stream whatever the row pitch; each tile's accumulators
+// are carried in memory from one column block to the next (in order, so the canonical order
+// holds); and each row's weights come from memory once, prefetched, then from L1 for the other
+// token tiles.
+
+constexpr int64_t kBatchRows = 64;           // rows whose accumulators are kept together
+constexpr int64_t kBatchXFloats = 4096;      // x column block, all tokens (16 KiB)
+constexpr int64_t kMaxBatchTokens = 31;      // more goes through the GEMM path
+constexpr int kBatchTileTokens = 4;
+// 2 rows x 4 tokens: in a synthetic loop on Zen 1 (one core, L1-resident, bf16 weights converted
+// in registers) it runs at 1.05 cycles per FMA, against 1.37 for 3 x 4 and 4 x 3: 12
+// accumulators leave too few registers, and GCC moves some to the stack.
+constexpr int kBatchTileRows = 2;
+
+// Continues the accumulation of R rows x T tokens over chunks [c_begin, c_end): acc[r * ld + t].
+// xs points at chunk c_begin of the first token in the chunk-major block; chunks are
+// x_stride floats apart, tokens Row::kChunk.
+template <class Row, int R, int T>
+ANVIL_INLINE void batch_tile(const Row* rows, int64_t c_begin, int64_t c_end, const float* xs, int64_t x_stride,
+                             __m256* acc, int64_t ld) {
+  __m256 a[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) a[r][t] = acc[r * ld + t];
+  }
+  for (int64_t c = c_begin; c < c_end; ++c, xs += x_stride) {
+    typename Row::Chunk chunk[R];
+    for (int r = 0; r < R; ++r) chunk[r] = rows[r].load(c);
+    static_for<0, Row::kVecs>([&]<int v>() {
+      __m256 w[R];
+      for (int r = 0; r < R; ++r) w[r] = rows[r].vec(chunk[r], v);
+      for (int t = 0; t < T; ++t) {
+        const __m256 xv = in_register(_mm256_load_ps(xs + t * Row::kChunk + 8 * v));
+        for (int r = 0; r < R; ++r) a[r][t] = _mm256_fmadd_ps(w[r], xv, a[r][t]);
+      }
+    });
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r * ld + t] = a[r][t];
+  }
+}
+
+// Calls f.operator()<T>() with T = n for n in [1, kBatchTileTokens].
+template <typename F>
+ANVIL_INLINE void with_batch_tile_size(int n, const F& f) {
+  switch (n) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    default: f.template operator()<4>(); break;
+  }
+}
+static_assert(kBatchTileTokens == 4, "with_batch_tile_size covers 1..4");
+
+template <class Row, typename MakeRow>
+void batch_rows(const LinearWeight& weight, const float* x, int64_t tokens, float* y, int64_t row_begin,
+                int64_t row_end, const MakeRow& make_row) {
+  constexpr int64_t kChunk = Row::kChunk;
+  const int64_t in = weight.in_features;
+  const int64_t out = weight.out_features;
+  const int64_t chunks = in / kChunk;
+  int64_t block_chunks = kBatchXFloats / (tokens * kChunk);
+  if (block_chunks < 1) block_chunks = 1;
+  const int64_t tiles = (tokens + kBatchTileTokens - 1) / kBatchTileTokens;
+  alignas(32) float xblock[kBatchXFloats > kMaxBatchTokens * kChunk ? kBatchXFloats : kMaxBatchTokens * kChunk];
+  __m256 accs[kBatchRows * kMaxBatchTokens];  // [row in block][token]
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kBatchRows) {
+    const int64_t rows = row_end - r0 < kBatchRows ? row_end - r0 : kBatchRows;
+    for (int64_t i = 0; i < rows * tokens; ++i) accs[i] = _mm256_setzero_ps();
+    for (int64_t c0 = 0; c0 < chunks; c0 += block_chunks) {
+      const int64_t c1 = c0 + block_chunks < chunks ? c0 + block_chunks : chunks;
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int64_t t = 0; t < tokens; ++t) {
+          const float* src = x + t * in + c * kChunk;
+          float* dst = xblock + ((c - c0) * tokens + t) * kChunk;
+          for (int64_t i = 0; i < kChunk; i += 8) _mm256_store_ps(dst + i, _mm256_loadu_ps(src + i));
+        }
+      }
+      // One row group for every tile width, so a group's weights stay in L1 across its tiles.
+      constexpr int kGroup = kBatchTileRows;
+      for (int64_t r = 0; r < rows;) {
+        const int group = rows - r >= kGroup ? kGroup : 1;
+        // The rows' segments in a column block are short runs a row pitch apart, which hardware
+        // prefetchers do not follow: fetch the next group's (or the next block's first) ahead.
+        {
+          const bool last = r + group >= rows;
+          const int64_t pr = last ? 0 : r + group, pc0 = last ? c1 : c0;
+          const int64_t pc1 = last ? (c1 + block_chunks < chunks ? c1 + block_chunks : chunks) : c1;
+          for (int64_t k = pr; k < pr + kGroup && k < rows; ++k) {
+            const Row row = make_row(r0 + k);
+            for (int64_t c = pc0; c < pc1; c += 64 / Row::kChunkBytes) {
+              _mm_prefetch(reinterpret_cast<const char*>(row.load(c)), _MM_HINT_T0);
+            }
+          }
+        }
+        for (int64_t i = 0; i < tiles; ++i) {
+          const int64_t t0 = tokens * i / tiles;
+          const int count = int(tokens * (i + 1) / tiles - t0);
+          with_batch_tile_size(count, [&]<int T>() {
+            auto run = [&]<int R>() {
+              Row tile_rows[R];
+              for (int k = 0; k < R; ++k) tile_rows[k] = make_row(r0 + r + k);
+              batch_tile<Row, R, T>(tile_rows, c0, c1, xblock + t0 * kChunk, tokens * kChunk, accs + r * tokens + t0,
+                                    tokens);
+            };
+            if (group == kGroup) {
+              run.template operator()<kGroup>();
+            } else {
+              run.template operator()<1>();
+            }
+          });
+        }
+        r += group;
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const Row row = make_row(r0 + r);
+      const float bias = weight.bias != nullptr ? weight.bias[r0 + r] : 0.0f;
+      for (int64_t t = 0; t < tokens; ++t) {
+        float sum = hsum(accs[r * tokens + t]);
+        for (int64_t i = chunks * kChunk; i < in; ++i) sum = fma_scalar(row.at(i), x[t * in + i], sum);
+        y[t * out + r0 + r] = sum + bias;
+      }
+    }
+  }
+}
+
 template <class Row, typename MakeRow, typename RowBytes>
 void dense_rows(const LinearWeight& weight, const float* x, int64_t tokens, float* y, int64_t row_begin,
                 int64_t row_end, const MakeRow& make_row, const RowBytes& row_bytes, int64_t bytes_x2) {
   if (gemm_pays_off(weight.format, tokens)) {
     gemm_rows<Row>(weight, x, tokens, y, row_begin, row_end, make_row, row_bytes, bytes_x2);
+    return;
+  }
+  if (tokens > 1) {
+    static_assert(kMaxBatchTokens >= 31, "every batch below the GEMM threshold fits batch_rows");
+    batch_rows<Row>(weight, x, tokens, y, row_begin, row_end, make_row);
     return;
   }
   const int64_t in = weight.in_features;
@@ -498,6 +664,31 @@ void dense_rows(const LinearWeight& weight, const float* x, int64_t tokens, floa
     for (int k = 0; k < R; ++k) rows[k] = make_row(r + k);
     register_tile<Row, R, T>(rows, in, xt, in, sums);
   });
+}
+
+// register_tile<Mxfp4Row, 4, 1> spelled out with named variables: the single-token case decode
+// spends its time in. GCC keeps register_tile's arrays for MXFP4 on the stack (a store and a
+// reload per FMA), and the 4-FMA dependency chain per block needs four rows to hide its latency,
+// which the arrays leave no registers for. The order is the canonical one.
+template <class Row>
+ANVIL_INLINE void mxfp4_one_token(const Row* rows, int64_t blocks, const float* x, float* sums) {
+  static_assert(Row::kVecs == 4);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (int64_t c = 0; c < blocks; ++c) {
+    const typename Row::Chunk k0 = rows[0].load(c), k1 = rows[1].load(c), k2 = rows[2].load(c), k3 = rows[3].load(c);
+    const float* xc = x + c * 32;
+    static_for<0, 4>([&]<int v>() {
+      const __m256 xv = in_register(_mm256_loadu_ps(xc + 8 * v));
+      a0 = _mm256_fmadd_ps(rows[0].vec(k0, v), xv, a0);
+      a1 = _mm256_fmadd_ps(rows[1].vec(k1, v), xv, a1);
+      a2 = _mm256_fmadd_ps(rows[2].vec(k2, v), xv, a2);
+      a3 = _mm256_fmadd_ps(rows[3].vec(k3, v), xv, a3);
+    });
+  }
+  sums[0] = hsum(a0);
+  sums[1] = hsum(a1);
+  sums[2] = hsum(a2);
+  sums[3] = hsum(a3);
 }
 
 void mxfp4_rows(const LinearWeight& weight, const float* x, int64_t tokens, float* y, int64_t row_begin,
@@ -514,15 +705,20 @@ void mxfp4_rows(const LinearWeight& weight, const float* x, int64_t tokens, floa
     return;
   }
   register_rows<Mxfp4Row<true>>(weight, x, tokens, y, row_begin, row_end, [&]<int R, int T>(int64_t r, const float* xt, float* sums) {
-    // The scaled table saves a multiply per weight vector; the scales are read anyway.
+    // The scaled table saves a multiply per weight vector.
+    auto run = [&]<class Row>() {
+      Row rows[R];
+      for (int k = 0; k < R; ++k) rows[k] = {codes + (r + k) * blocks * 16, scales + (r + k) * blocks};
+      if constexpr (R == 4 && T == 1) {
+        mxfp4_one_token(rows, blocks, xt, sums);
+      } else {
+        register_tile<Row, R, T>(rows, in, xt, in, sums);
+      }
+    };
     if (Mxfp4Row<true>::scales_fit_lut(scales + r * blocks, R * blocks)) {
-      Mxfp4Row<true> rows[R];
-      for (int k = 0; k < R; ++k) rows[k] = {codes + (r + k) * blocks * 16, scales + (r + k) * blocks};
-      register_tile<Mxfp4Row<true>, R, T>(rows, in, xt, in, sums);
+      run.template operator()<Mxfp4Row<true>>();
     } else {
-      Mxfp4Row<false> rows[R];
-      for (int k = 0; k < R; ++k) rows[k] = {codes + (r + k) * blocks * 16, scales + (r + k) * blocks};
-      register_tile<Mxfp4Row<false>, R, T>(rows, in, xt, in, sums);
+      run.template operator()<Mxfp4Row<false>>();
     }
   });
 }

@@ -13,6 +13,7 @@
 namespace anvil::cpu {
 
 // Portable kernel. Takes an already validated weight and tokens > 0; writes y including bias.
+// MXFP4 layers follow mxfp4_activations().
 void linear_forward_scalar(const LinearWeight& weight, const float* x, int64_t tokens, float* y, ThreadPool& pool);
 
 // AVX2+FMA+F16C kernel; call only when cpu_use_avx2() is true.
@@ -26,6 +27,26 @@ void linear_avx2_pack_x(WeightFormat format, const float* x, int64_t tokens, int
 // returned by linear_avx2_pack_x (or x itself when no packing is needed), [tokens, in].
 void linear_avx2_rows(const LinearWeight& weight, const float* x_packed, int64_t tokens, float* y, int64_t row_begin,
                       int64_t row_end);
+
+// Int8-activation MXFP4 (Mxfp4Activations::Int8). The input of every token is quantized once
+// per call into these buffers, [tokens, in] bytes, [tokens, in / 2] and [tokens, in / 32]:
+//  q:       the int8 values of quantize_mxfp4_input, each block in kernel order (its 16 even
+//           elements, then its 16 odd ones: the order one code byte's two nibbles give);
+//  offsets: per block, 12 * (q[2k] + q[2k + 1]) for k < 16 in kernel order (the kernels use
+//           E2M1 values biased by +12 to make them unsigned, and take this back out);
+//  scales:  quantize_mxfp4_input's block scales.
+// Blocks whose max |x| is below 2^-120 (this bit pattern) quantize to zero: 127 / max would
+// overflow for the smallest ones, and none of them moves a float32 result anyway.
+inline constexpr uint32_t kMxfp4Int8MinBlockMaxBits = 0x03800000u;
+struct Mxfp4Int8Input {
+  int8_t* q = nullptr;
+  int16_t* offsets = nullptr;
+  float* scales = nullptr;
+};
+void mxfp4_int8_quantize_avx2(const float* x, int64_t tokens, int64_t in, const Mxfp4Int8Input& out);
+// y[t, o] for all tokens and o in [row_begin, row_end), bias included.
+void mxfp4_int8_rows_avx2(const LinearWeight& weight, const Mxfp4Int8Input& input, int64_t tokens, float* y,
+                          int64_t row_begin, int64_t row_end);
 
 // Rows per parallel_for grain, and the amount of work below which threads cost more than they save.
 inline constexpr int64_t kLinearRowGrain = 16;
