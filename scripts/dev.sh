@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake pkg-config git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libfmt-dev libspdlog-dev
-  zlib1g-dev libyaml-cpp-dev libutf8proc-dev)
+  zlib1g-dev libyaml-cpp-dev libutf8proc-dev libsqlite3-dev)
 JOBS=${JOBS:-$(nproc)}
 FIXTURES=${ANVIL_FIXTURES:-../shared/fixtures}
 

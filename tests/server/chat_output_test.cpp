@@ -12,7 +12,7 @@
 #include "server/chat_format.h"
 #include "server/generation_job.h"
 #include "server/openai_protocol.h"
-#include "server/server_harness.h"
+#include "support/server_harness.h"
 
 namespace anvil::test {
 namespace {

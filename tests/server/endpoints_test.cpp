@@ -4,7 +4,7 @@
 #include <chrono>
 #include <thread>
 
-#include "server/server_harness.h"
+#include "support/server_harness.h"
 
 namespace anvil::test {
 namespace {

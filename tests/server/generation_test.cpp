@@ -2,7 +2,7 @@
 // generate`; stop strings, n, logprobs, usage, context limits and prefix caching.
 #include <gtest/gtest.h>
 
-#include "server/server_harness.h"
+#include "support/server_harness.h"
 
 namespace anvil::test {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/server_harness.h"
+#include "support/server_harness.h"
 
 #include <signal.h>
 #include <sys/wait.h>
