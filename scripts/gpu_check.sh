@@ -36,12 +36,23 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 timeout "${ANVIL_TEST_TIMEOUT:-300}" "${RUN[@]}" "$TESTS" 2>&1 | tee "$OUT/gpu_tests.log"
 tests_status=${PIPESTATUS[0]}
 
-for model in $MODELS; do
-  timeout "${ANVIL_BENCH_TIMEOUT:-240}" "${RUN[@]}" "$BIN/anvil" bench-gpu --model "configs/$model" --load-format dummy --device cuda >"$OUT/bench-$model.json" \
-    2>"$OUT/bench-$model.err" || { echo "bench-gpu $model failed:"; tail -5 "$OUT/bench-$model.err"; }
-done
+RESULTS=()
+bench() {  # bench NAME MODEL [extra bench-gpu flags...]
+  local name=$1 model=$2
+  shift 2
+  timeout "${ANVIL_BENCH_TIMEOUT:-240}" "${RUN[@]}" "$BIN/anvil" bench-gpu --model "configs/$model" --load-format dummy \
+    --device cuda "$@" >"$OUT/bench-$name.json" 2>"$OUT/bench-$name.err" ||
+    { echo "bench-gpu $name failed:"; tail -5 "$OUT/bench-$name.err"; }
+  RESULTS+=("$name")
+}
+for model in $MODELS; do bench "$model" "$model" --profile; done
+# The first model again kernel by kernel: what the decode graphs are worth.
+if [ -z "${ANVIL_SKIP_EAGER:-}" ]; then
+  first=${MODELS%% *}
+  bench "$first-eager" "$first" --enforce-eager --batches 1,64
+fi
 
-python3 - "$OUT" $MODELS <<'EOF'
+python3 - "$OUT" "${RESULTS[@]}" <<'EOF'
 import json, re, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 log = (out / "gpu_tests.log").read_text(errors="replace")
@@ -50,17 +61,28 @@ for line in log.splitlines():
     if re.match(r"\[  (PASSED|FAILED|SKIPPED) ", line) or "[ gpu fixture ]" in line or line.startswith("[  FAILED"):
         print(line)
 print("\n== benchmarks (dummy weights, bf16 attention and KV) ==")
-print(f"{'model':14} {'copy GB/s':>9} {'prefill tok/s':>13} {'b1':>7} {'b8':>7} {'b32':>7} {'b64':>7} {'b1 % ceil':>9} {'mem GiB':>8}")
+print(f"{'run':18} {'copy GB/s':>9} {'prefill tok/s':>13} {'b1':>7} {'b8':>7} {'b32':>7} {'b64':>7} {'b1 % ceil':>9} {'mem GiB':>8}")
 for model in sys.argv[2:]:
     path = out / f"bench-{model}.json"
     try:
         r = json.loads(path.read_text())
     except Exception:
-        print(f"{model:14} (no result)")
+        print(f"{model:18} (no result)")
         continue
     dec = {d["batch"]: d["tokens_per_s"] for d in r["decode"]}
-    print(f"{model:14} {r['copy_bandwidth_gbps']:9.0f} {r['prefill_tokens_per_s']:13.0f} "
+    print(f"{model:18} {r['copy_bandwidth_gbps']:9.0f} {r['prefill_tokens_per_s']:13.0f} "
           + " ".join(f"{dec.get(b, 0):7.0f}" for b in (1, 8, 32, 64))
           + f" {100 * r.get('decode_batch1_fraction_of_ceiling', 0):8.1f}% {r['memory_used_gib']:8.1f}")
+for model in sys.argv[2:]:
+    try:
+        r = json.loads((out / f"bench-{model}.json").read_text())
+    except Exception:
+        continue
+    for d in r["decode"]:
+        p = d.get("profile_us_per_step")
+        if p and d["batch"] == 1:
+            print(f"\n== {model}: one batch-1 decode step, kernel by kernel (us) ==")
+            for name, us in sorted(p.items(), key=lambda kv: -kv[1]):
+                print(f"  {name:24} {us:9.1f}")
 EOF
 exit "$tests_status"

@@ -11,8 +11,8 @@ KvGroupStorage::KvGroupStorage(const KvGroupShape& shape) : shape_(shape) {
          shape.num_layers, shape.num_blocks, shape.block_size, shape.kv_heads, shape.head_dim);
   const size_t n = size_t(shape.num_layers * shape.num_blocks * shape.block_size * shape.kv_heads * shape.head_dim);
   if (shape.device == KvDevice::Cuda) {
-    device_keys_ = cuda::DeviceBuffer(n * sizeof(uint16_t));
-    device_values_ = cuda::DeviceBuffer(n * sizeof(uint16_t));
+    device_keys_ = cuda::DeviceBuffer(n * element_bytes(shape));
+    device_values_ = cuda::DeviceBuffer(n * element_bytes(shape));
     return;
   }
   keys_.resize(n);

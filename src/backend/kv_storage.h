@@ -11,8 +11,8 @@
 
 namespace anvil {
 
-// Where a model's KV cache lives: float32 in host memory for the CPU backend, bf16 in device
-// memory for the CUDA backend.
+// Where a model's KV cache lives: float32 in host memory for the CPU backend, device memory of
+// the chosen element type (bf16 by default) for the CUDA backend.
 enum class KvDevice { Host, Cuda };
 
 struct KvGroupShape {
@@ -22,6 +22,7 @@ struct KvGroupShape {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   KvDevice device = KvDevice::Host;
+  cuda::KvDtype dtype = cuda::KvDtype::BF16;  // device caches only; the host cache is float32
 };
 
 class KvGroupStorage {
@@ -31,12 +32,17 @@ class KvGroupStorage {
   // Host: start of [kv_heads, head_dim] floats for (layer in group, block, slot in block).
   float* key(int64_t layer, int64_t block, int64_t slot) { return keys_.data() + offset(layer, block, slot); }
   float* value(int64_t layer, int64_t block, int64_t slot) { return values_.data() + offset(layer, block, slot); }
-  // Device: one layer's [num_blocks, block_size, kv_heads, head_dim] bf16 keys / values.
-  uint16_t* device_keys(int64_t layer) const { return device_keys_.get<uint16_t>() + offset(layer, 0, 0); }
-  uint16_t* device_values(int64_t layer) const { return device_values_.get<uint16_t>() + offset(layer, 0, 0); }
+  // Device: one layer's [num_blocks, block_size, kv_heads, head_dim] keys / values of shape().dtype.
+  void* device_keys(int64_t layer) const { return device_keys_.get<uint8_t>() + offset(layer, 0, 0) * element_bytes(shape_); }
+  void* device_values(int64_t layer) const {
+    return device_values_.get<uint8_t>() + offset(layer, 0, 0) * element_bytes(shape_);
+  }
   size_t bytes() const { return size_t(shape_.num_blocks) * bytes_per_block(shape_); }
+  static size_t element_bytes(const KvGroupShape& shape) {
+    return shape.device == KvDevice::Host ? sizeof(float) : cuda::kv_dtype_bytes(shape.dtype);
+  }
   static size_t bytes_per_block(const KvGroupShape& shape) {
-    const size_t element = shape.device == KvDevice::Host ? sizeof(float) : sizeof(uint16_t);
+    const size_t element = element_bytes(shape);
     return size_t(2 * shape.num_layers * shape.block_size * shape.kv_heads * shape.head_dim) * element;
   }
 

@@ -24,6 +24,7 @@ struct BenchGpuOptions {
   int64_t decode_steps = 32;
   std::string batches = "1,8,32,64";
   int64_t copy_mib = 2048;
+  bool profile = false;
 };
 
 // Device-to-device copy, counting bytes read plus bytes written (the STREAM convention the
@@ -50,7 +51,7 @@ struct BenchCache {
     const int64_t blocks_per_seq = (context + 15) / 16;
     for (int g = 0; g < layout.num_groups(); ++g)
       storage.emplace_back(KvGroupShape{layout.group_layers[size_t(g)], sequences * blocks_per_seq, 16, layout.kv_heads,
-                                        layout.head_dim, layout.device});
+                                        layout.head_dim, layout.device, layout.dtype});
     for (int64_t s = 0; s < sequences; ++s) {
       std::vector<int32_t> table;
       for (int64_t b = 0; b < blocks_per_seq; ++b) table.push_back(int32_t(s * blocks_per_seq + b));
@@ -99,7 +100,10 @@ void run_bench_gpu(const BenchGpuOptions& options) {
                         {"model", options.model.model_dir},
                         {"load_format", options.model.load_format},
                         {"load_seconds", load_seconds},
-                        {"copy_bandwidth_gbps", copy_gbps}};
+                        {"copy_bandwidth_gbps", copy_gbps},
+                        {"dtype", flags.dtype},
+                        {"kv_cache_dtype", cuda::kv_dtype_name(layout.dtype)},
+                        {"cuda_graphs", !flags.enforce_eager}};
   const double weight_gb = double(model->weight_bytes_per_token()) / 1e9;
   out["weights_gb_per_decoded_token"] = weight_gb;
   out["decode_ceiling_tokens_per_s"] = copy_gbps / weight_gb;
@@ -120,7 +124,7 @@ void run_bench_gpu(const BenchGpuOptions& options) {
   }
 
   // Decode: each batch size prefills its prompts, then times decode steps of one token each.
-  const int64_t context = options.decode_prompt + options.decode_steps + 4;
+  const int64_t context = options.decode_prompt + options.decode_steps + 4 + (options.profile ? 8 : 0);
   BenchCache cache(layout, max_batch, context);
   out["memory_used_gib"] = double(free_before - cuda::device_free_memory()) / double(1 << 30);
   nlohmann::json decode = nlohmann::json::array();
@@ -142,6 +146,25 @@ void run_bench_gpu(const BenchGpuOptions& options) {
     nlohmann::json row = {{"batch", batch_size},
                           {"tokens_per_s", tokens_per_s},
                           {"step_ms", seconds / double(options.decode_steps) * 1e3}};
+    if (options.profile) {
+      // Further steps kernel by kernel with device events between operations: where a step's
+      // time goes (event gaps included, so the sum exceeds a graph replay's step).
+      const int64_t profiled = 8, first = options.decode_prompt + options.decode_steps + warmup;
+      model->set_step_profiling(true);
+      for (int64_t step = 0; step < profiled; ++step) {
+        const StepBatch batch = make_step(cache, layout, 0, batch_size, first + step, 1, vocab);
+        model->forward_argmax(batch, cache.storage, next.data());
+      }
+      nlohmann::json profile = nlohmann::json::object();
+      double total = 0.0;
+      for (const auto& [name, ms] : model->step_profile()) {
+        profile[name] = ms * 1e3 / double(profiled);
+        total += ms * 1e3 / double(profiled);
+      }
+      profile["total"] = total;
+      row["profile_us_per_step"] = profile;
+      model->set_step_profiling(false);
+    }
     if (batch_size == 1) {
       row["fraction_of_ceiling"] = tokens_per_s * weight_gb / copy_gbps;
       out["decode_batch1_fraction_of_ceiling"] = tokens_per_s * weight_gb / copy_gbps;
@@ -165,6 +188,7 @@ void register_bench_gpu(CLI::App& app) {
   verb->add_option("--decode-steps", options->decode_steps, "Timed decode steps per batch size");
   verb->add_option("--batches", options->batches, "Decode batch sizes, comma-separated");
   verb->add_option("--copy-mib", options->copy_mib, "Buffer size for the bandwidth measurement");
+  verb->add_flag("--profile", options->profile, "Also time each operation of a decode step (device events)");
   verb->callback([options] { run_bench_gpu(*options); });
 }
 

@@ -55,7 +55,16 @@ void ModelLoadFlags::add_to(CLI::App& verb) {
   verb.add_option("--rope-freq-dtype", rope_freq_dtype,
                   "fp32 (as from_pretrained) or bf16 (as a model cast whole with .to(bfloat16))");
   verb.add_option("--device", device, "auto (a CUDA GPU when present and supported, else the CPU), cpu, cuda or cuda:N");
+  add_numerics_to(verb);
   add_threads_option(verb, threads);
+}
+
+void ModelLoadFlags::add_numerics_to(CLI::App& verb) {
+  verb.add_option("--dtype", dtype,
+                  "CUDA activations: auto (= bfloat16 matrix inputs), bfloat16, or float32 (every activation and "
+                  "the KV cache float32: slower, within float32 rounding of the reference); the CPU is float32");
+  verb.add_option("--kv-cache-dtype", kv_cache_dtype, "CUDA KV cache: auto (follows --dtype), bfloat16, float32, fp8 (e4m3)");
+  verb.add_flag("--enforce-eager", enforce_eager, "CUDA: run every step kernel by kernel (no CUDA graphs for decode)");
 }
 
 Device ModelLoadFlags::resolve_device(const ModelConfig& config) const {
@@ -80,6 +89,9 @@ std::unique_ptr<Model> ModelLoadFlags::load() const {
   }
   const ModelConfig config = load_model_config(std::filesystem::path(model_dir) / "config.json");
   options.device = resolve_device(config);
+  options.dtype = parse_compute_dtype(dtype);
+  options.kv_cache_dtype = parse_kv_cache_dtype(kv_cache_dtype);
+  options.enforce_eager = enforce_eager;
   if (device.rfind("cuda:", 0) == 0) {
     const std::string index = device.substr(5);
     if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos)

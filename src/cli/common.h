@@ -30,9 +30,14 @@ struct ModelLoadFlags {
   std::string load_format = "auto";
   std::string rope_freq_dtype = "fp32";
   std::string device = "auto";
+  std::string dtype = "auto";
+  std::string kv_cache_dtype = "auto";
+  bool enforce_eager = false;
   int threads = 0;
 
   void add_to(CLI::App& verb);
+  // The CUDA numerics flags (--dtype, --kv-cache-dtype, --enforce-eager), shared with serve.
+  void add_numerics_to(CLI::App& verb);
   // Applies --threads and loads the model.
   std::unique_ptr<Model> load() const;
   // --device resolved for this model: auto picks CUDA when a GPU is visible and the

@@ -122,6 +122,7 @@ void register_serve(CLI::App& app) {
   verb->add_option("--gpu-memory-utilization", options->gpu_memory_utilization,
                    "Share of the GPU's memory for weights, activations and KV cache (default 0.9)");
   verb->add_option("--device", options->model.device, "auto (a CUDA GPU when present and supported), cpu, cuda, cuda:N");
+  options->model.add_numerics_to(*verb);
   verb->add_flag("--enable-prefix-caching", options->enable_prefix_caching, "Reuse KV blocks of shared prompt prefixes (default)");
   verb->add_flag("--no-enable-prefix-caching", options->no_prefix_caching, "Turn prefix caching off");
   verb->add_option("--load-format", options->model.load_format, "auto (read weights) or dummy (random weights)");

@@ -60,7 +60,7 @@ std::vector<int64_t> split_kv_budget(const KvLayout& layout, EngineConfig config
     if (window <= 0) continue;
     const int64_t per_sequence = (window + config.block_size - 1) / config.block_size + 2;
     KvGroupShape shape{layout.group_layers[size_t(group)], 0, config.block_size, layout.kv_heads, layout.head_dim,
-                       layout.device};
+                       layout.device, layout.dtype};
     const size_t per_block = KvGroupStorage::bytes_per_block(shape);
     const size_t cap = (has_full_group ? config.kv_cache_bytes / 2 : config.kv_cache_bytes) / per_block;
     blocks[size_t(group)] = std::min<int64_t>(int64_t(cap), config.max_num_seqs * per_sequence +
@@ -72,7 +72,7 @@ std::vector<int64_t> split_kv_budget(const KvLayout& layout, EngineConfig config
   for (int group = 0; group < layout.num_groups(); ++group) {
     if (layout.group_window[size_t(group)] > 0 || layout.group_layers[size_t(group)] == 0) continue;
     KvGroupShape shape{layout.group_layers[size_t(group)], 0, config.block_size, layout.kv_heads, layout.head_dim,
-                       layout.device};
+                       layout.device, layout.dtype};
     blocks[size_t(group)] = int64_t(remaining / KvGroupStorage::bytes_per_block(shape));
   }
   return blocks;

@@ -42,6 +42,7 @@ KvCache::KvCache(const KvLayout& layout, const std::vector<int64_t>& blocks_per_
     shape.kv_heads = layout.kv_heads;
     shape.head_dim = layout.head_dim;
     shape.device = layout.device;
+    shape.dtype = layout.dtype;
     storage_.emplace_back(shape);
     Group& g = groups_.emplace_back();
     const size_t n = size_t(shape.num_blocks);

@@ -1,5 +1,7 @@
 #include "models/cuda_support.h"
 
+#include <bit>
+
 #if ANVIL_WITH_CUDA
 #include <algorithm>
 #include <cstring>
@@ -118,7 +120,7 @@ DeviceStep::DeviceStep() = default;
 DeviceStep::~DeviceStep() { cuda::host_free_pinned(pinned_); }
 
 void DeviceStep::upload(const StepBatch& batch, const KvLayout& layout, const ModelConfig& config,
-                        cuda::Stream stream) {
+                        cuda::Stream stream, bool graph_shapes) {
   const int num_groups = layout.num_groups();
   const int64_t num_seqs = int64_t(batch.sequences.size());
   rows = int64_t(batch.tokens.size());
@@ -149,6 +151,12 @@ void DeviceStep::upload(const StepBatch& batch, const KvLayout& layout, const Mo
     }
   }
   if (row != rows) fail("step lists {} tokens but its sequences cover {}", rows, row);
+  if (graph_shapes) {
+    for (auto& stride : max_blocks) stride = int64_t(std::bit_ceil(uint64_t(std::max<int64_t>(stride, 16))));
+    // Only the split count of decode attention reads max_context; an upper bound that does not
+    // move keeps it fixed (the kernels find each sequence's real length on the device).
+    max_context = config.max_position_embeddings > 0 ? config.max_position_embeddings : int64_t(1) << 17;
+  }
   logit_rows = int64_t(logit_index.size());
 
   // One int32 image: tokens | positions | row_sequence | logit_index | row_begin | start_pos |
@@ -188,6 +196,7 @@ void DeviceStep::upload(const StepBatch& batch, const KvLayout& layout, const Mo
   if (device_.bytes() < bytes) {
     cuda::synchronize(stream);
     device_ = cuda::DeviceBuffer(bytes * 2);
+    ++generation_;
   }
   // The previous step's upload has finished by now: its logits were copied back synchronously.
   std::memcpy(pinned_, host_.data(), bytes);
@@ -211,6 +220,65 @@ void DeviceStep::upload(const StepBatch& batch, const KvLayout& layout, const Mo
     view.row_sequence = base + row_sequence_at;
     view.row_position = base + positions_at;
   }
+}
+
+namespace {
+constexpr int64_t kMaxGraphRows = 256;
+constexpr size_t kMaxGraphs = 128;
+}  // namespace
+
+void CudaStepRunner::run(const StepBatch& batch, const KvLayout& layout, const ModelConfig& config,
+                         const std::vector<KvGroupStorage>& kv_cache, float* logits, int32_t* token_ids,
+                         const std::function<void(bool argmax)>& enqueue) {
+  const cuda::Stream s = stream.get();
+  const bool argmax = token_ids != nullptr;
+  // Decode steps get graph-shaped metadata whether or not graphs are on, so that
+  // --enforce-eager computes bit for bit what the graphs do.
+  const bool decode = !batch.sequences.empty() && batch.tokens.size() == batch.sequences.size() &&
+                      batch.tokens.size() <= size_t(kMaxGraphRows);
+  step.upload(batch, layout, config, s, decode);
+  if (!decode || !graphs_enabled || marks.enabled()) {
+    marks.record("start");
+    enqueue(argmax);
+  } else {
+    GraphKey key{step.rows, step.logit_rows, argmax, {}, {}};
+    for (const auto& view : step.groups) key.strides.push_back(view.max_blocks);
+    for (const auto& storage : kv_cache) key.caches.push_back(storage.device_keys(0));
+    // Each cache a caller creates (a bench, a test) makes new keys; keep the map bounded.
+    if (graphs_.size() >= kMaxGraphs && !graphs_.count(key)) graphs_.clear();
+    GraphEntry& entry = graphs_[key];
+    if (entry.step_generation != step.generation() || entry.arena_generation != arena.generation()) {
+      entry.graph.reset();  // captured against buffers that have moved since
+      entry.warm = false;
+    }
+    if (entry.graph.ready()) {
+      entry.graph.launch(s);
+    } else if (entry.warm) {
+      // Second run of this shape with the same buffers: everything it needs exists, so the
+      // capture allocates nothing.
+      cuda::StreamGraph::begin_capture(s);
+      try {
+        enqueue(argmax);
+        entry.graph.end_capture(s);
+      } catch (...) {
+        cuda::StreamGraph::abort_capture(s);
+        throw;
+      }
+      entry.graph.launch(s);
+    } else {
+      enqueue(argmax);
+      entry.warm = true;
+      entry.step_generation = step.generation();
+      entry.arena_generation = arena.generation();
+    }
+  }
+  if (step.logit_rows > 0) {
+    if (argmax)
+      cuda::copy_to_host(token_ids, device_ids, size_t(step.logit_rows) * sizeof(int32_t), s);
+    else
+      cuda::copy_to_host(logits, device_logits, size_t(step.logit_rows * config.vocab_size) * sizeof(float), s);
+  }
+  cuda::synchronize(s);
 }
 
 }  // namespace anvil

@@ -3,7 +3,10 @@
 // step's metadata uploaded once for all layers, and growable activation buffers. Only compiled
 // into builds with the CUDA backend.
 #if ANVIL_WITH_CUDA
+#include <compare>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,8 +49,14 @@ class DeviceStep {
   ~DeviceStep();
   DeviceStep(const DeviceStep&) = delete;
   DeviceStep& operator=(const DeviceStep&) = delete;
-  // Throws on an inconsistent batch (the same checks as the CPU's StepContext).
-  void upload(const StepBatch& batch, const KvLayout& layout, const ModelConfig& config, cuda::Stream stream);
+  // Throws on an inconsistent batch (the same checks as the CPU's StepContext). With
+  // graph_shapes, block tables are padded to a power-of-two stride and max_context is that
+  // stride's capacity, so consecutive decode steps of one batch have identical kernel arguments
+  // (a CUDA graph replays them) until a sequence outgrows the stride.
+  void upload(const StepBatch& batch, const KvLayout& layout, const ModelConfig& config, cuda::Stream stream,
+              bool graph_shapes = false);
+  // Changes whenever the device image moved (a graph captured before then is stale).
+  uint64_t generation() const { return generation_; }
 
   int64_t rows = 0, logit_rows = 0;
   const int32_t* tokens = nullptr;
@@ -57,6 +66,7 @@ class DeviceStep {
 
  private:
   std::vector<int32_t> host_;
+  uint64_t generation_ = 0;
   int32_t* pinned_ = nullptr;
   size_t pinned_capacity_ = 0;
   cuda::DeviceBuffer device_;
@@ -69,12 +79,56 @@ class DeviceArena {
   T* get(int slot, int64_t count) {
     if (slot >= int(buffers_.size())) buffers_.resize(size_t(slot) + 1);
     const size_t bytes = size_t(count) * sizeof(T);
-    if (buffers_[size_t(slot)].bytes() < bytes) buffers_[size_t(slot)] = cuda::DeviceBuffer(bytes + bytes / 4);
+    if (buffers_[size_t(slot)].bytes() < bytes) {
+      buffers_[size_t(slot)] = cuda::DeviceBuffer(bytes + bytes / 4);
+      ++generation_;
+    }
     return buffers_[size_t(slot)].get<T>();
   }
+  // Changes whenever a buffer moved (a graph captured before then is stale).
+  uint64_t generation() const { return generation_; }
 
  private:
   std::vector<cuda::DeviceBuffer> buffers_;
+  uint64_t generation_ = 0;
+};
+
+// What a model's CUDA step needs around its kernels: its own stream, the step's metadata on the
+// device, scratch, and decode steps replayed as CUDA graphs. A model supplies `enqueue`, which
+// puts the whole step (embedding to logits, and their argmax when asked) on `stream` reading only
+// device memory, and leaves the results in device_logits / device_ids.
+class CudaStepRunner {
+ public:
+  cuda::OwnedStream stream;
+  cuda::StreamMarks marks{stream.get()};  // per-operation breakdown (Model::set_step_profiling)
+  DeviceStep step;
+  DeviceArena arena;
+  bool graphs_enabled = true;
+  float* device_logits = nullptr;  // [step.logit_rows, vocab], set by enqueue
+  int32_t* device_ids = nullptr;   // [step.logit_rows], set by enqueue when argmax
+
+  // Uploads the batch, runs the step (a decode step, one new token per sequence, replays a graph
+  // once its shape has run before with the same buffers), and copies the logits, or with
+  // token_ids only their argmax per row, to the host.
+  void run(const StepBatch& batch, const KvLayout& layout, const ModelConfig& config,
+           const std::vector<KvGroupStorage>& kv_cache, float* logits, int32_t* token_ids,
+           const std::function<void(bool argmax)>& enqueue);
+
+ private:
+  // What a decode graph's kernel arguments depend on.
+  struct GraphKey {
+    int64_t rows, logit_rows;
+    bool argmax;
+    std::vector<int64_t> strides;  // per KV group
+    std::vector<const void*> caches;  // per KV group: the cache the graph writes into
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  struct GraphEntry {
+    cuda::StreamGraph graph;
+    bool warm = false;  // ran once eagerly with these buffers
+    uint64_t step_generation = 0, arena_generation = 0;
+  };
+  std::map<GraphKey, GraphEntry> graphs_;
 };
 
 }  // namespace anvil

@@ -37,22 +37,24 @@ struct GptOssCuda {
   std::vector<GptOssCudaLayer> layers;
   const uint16_t *embed_tokens = nullptr, *lm_head = nullptr;
   const float *final_norm = nullptr, *inv_freq = nullptr;
-  DeviceStep step;
-  DeviceArena arena;
+  bool exact = false;  // --dtype float32
+  CudaStepRunner runner;
 };
 #endif
 
 class GptOss : public Model {
  public:
-  GptOss(const ModelConfig& config, std::unique_ptr<WeightSource> weights, Device device)
-      : Model(config, std::move(weights), device), rope_(config.rope, config.head_dim) {
+  GptOss(const ModelConfig& config, std::unique_ptr<WeightSource> weights, const LoadOptions& options)
+      : Model(config, std::move(weights), options.device, resolve_kv_dtype(options)), rope_(config.rope, config.head_dim) {
     if (config.quant_method != QuantMethod::Mxfp4)
       fail("gpt-oss checkpoints without MXFP4 experts are not supported yet (quantization_config.quant_method)");
     if (config.hidden_size % 32 || config.intermediate_size % 32)
       fail("gpt-oss hidden_size and intermediate_size must be multiples of 32");
 #if ANVIL_WITH_CUDA
-    if (device == Device::Cuda) {
+    if (options.device == Device::Cuda) {
       load_cuda();
+      cuda_->exact = options.dtype == ComputeDtype::F32;
+      cuda_->runner.graphs_enabled = !options.enforce_eager;
       return;
     }
 #endif
@@ -173,45 +175,78 @@ class GptOss : public Model {
     forward_cuda(batch, kv_cache, nullptr, token_ids);
   }
 
-  // The same pass on the GPU: bf16 weights and matrix inputs, float32 residual stream and
-  // accumulation, bf16 KV cache. Step metadata goes up once; only the logits come back.
-  // Writes logits to the host, or (token_ids set) only their argmax per row.
+  // The same pass on the GPU: bf16 weights, float32 residual stream and accumulation, and bf16
+  // matrix inputs and KV cache by default, or everything float32 (`--dtype float32`). Step
+  // metadata goes up once; only the logits (or, with token_ids, their argmax per row) come back.
+  // Decode steps replay a CUDA graph of the whole pass (models/cuda_support.h).
   void forward_cuda(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, float* logits, int32_t* token_ids) {
+    cuda_->runner.run(batch, kv_layout_, config_, kv_cache, logits, token_ids,
+                      [&](bool argmax) { enqueue_forward(kv_cache, argmax); });
+  }
+
+  void set_step_profiling(bool on) override {
+    if (cuda_) cuda_->runner.marks.enable(on);
+  }
+  std::vector<std::pair<std::string, double>> step_profile() override {
+    return cuda_ ? cuda_->runner.marks.times() : std::vector<std::pair<std::string, double>>{};
+  }
+
+  // Enqueues the uploaded step, from the embedding to the logits (and their argmax). Reads
+  // nothing from the host, so a graph can capture it.
+  void enqueue_forward(std::vector<KvGroupStorage>& kv_cache, bool argmax) {
     const auto& c = config_;
     GptOssCuda& g = *cuda_;
-    const cuda::Stream stream = nullptr;
-    g.step.upload(batch, kv_layout_, c, stream);
-    const int64_t rows = g.step.rows, hidden = c.hidden_size, head_dim = c.head_dim;
+    CudaStepRunner& run = g.runner;
+    const cuda::Stream stream = run.stream.get();
+    const bool exact = g.exact;
+    const int64_t rows = run.step.rows, hidden = c.hidden_size, head_dim = c.head_dim;
     const int64_t q_width = c.num_heads * head_dim, kv_width = c.num_kv_heads * head_dim;
+    const int64_t qkv_width = q_width + 2 * kv_width;
     const int64_t experts = c.num_experts, top_k = c.num_experts_per_tok;
     const float eps = float(c.rms_norm_eps);
-    float* x = g.arena.get<float>(0, rows * hidden);
-    uint16_t* h = g.arena.get<uint16_t>(1, rows * hidden);
-    float* q = g.arena.get<float>(2, rows * q_width);
-    float* qkv = g.arena.get<float>(15, rows * (q_width + 2 * kv_width));
-    float* h_f32 = g.arena.get<float>(16, rows * hidden);
-    float* k = g.arena.get<float>(3, rows * kv_width);
-    float* v = g.arena.get<float>(4, rows * kv_width);
-    uint16_t* attn = g.arena.get<uint16_t>(5, rows * q_width);
-    float* projected = g.arena.get<float>(6, rows * hidden);
-    float* router_logits = g.arena.get<float>(7, rows * experts);
-    int32_t* expert_ids = g.arena.get<int32_t>(8, rows * top_k);
-    float* expert_weights = g.arena.get<float>(9, rows * top_k);
-    const size_t moe_bytes = cuda::moe_mxfp4_workspace_bytes(rows, int(top_k), experts, hidden, c.intermediate_size);
-    void* moe_workspace = g.arena.get<uint8_t>(10, int64_t(moe_bytes));
+    float* x = run.arena.get<float>(0, rows * hidden);
+    uint16_t* h = run.arena.get<uint16_t>(1, rows * hidden);
+    float* q = run.arena.get<float>(2, rows * q_width);
+    float* qkv = run.arena.get<float>(15, rows * qkv_width);
+    float* h_f32 = run.arena.get<float>(16, rows * hidden);
+    float* k = run.arena.get<float>(3, rows * kv_width);
+    float* v = run.arena.get<float>(4, rows * kv_width);
+    uint16_t* attn = exact ? nullptr : run.arena.get<uint16_t>(5, rows * q_width);
+    float* attn_f32 = exact ? run.arena.get<float>(18, rows * q_width) : nullptr;
+    float* projected = run.arena.get<float>(6, rows * hidden);
+    float* router_logits = run.arena.get<float>(7, rows * experts);
+    int32_t* expert_ids = run.arena.get<int32_t>(8, rows * top_k);
+    float* expert_weights = run.arena.get<float>(9, rows * top_k);
+    const size_t moe_bytes = exact ? cuda::moe_mxfp4_f32_workspace_bytes(rows, int(top_k), c.intermediate_size)
+                                   : cuda::moe_mxfp4_workspace_bytes(rows, int(top_k), experts, hidden, c.intermediate_size);
+    void* moe_workspace = run.arena.get<uint8_t>(10, int64_t(moe_bytes));
     const size_t attention_bytes = cuda::attention_workspace_bytes(rows, c.num_heads, head_dim);
-    void* attention_workspace = g.arena.get<uint8_t>(11, int64_t(attention_bytes));
+    void* attention_workspace = run.arena.get<uint8_t>(11, int64_t(attention_bytes));
 
-    cuda::embedding_bf16(g.embed_tokens, g.step.tokens, rows, hidden, x, stream);
+    // y = W·norm(x) + b, with norm(x) rounded to bf16 first unless exact.
+    auto normed_linear = [&](const float* input, const float* norm, const uint16_t* weight, const float* bias,
+                             int64_t out_features, float* y) {
+      if (exact) {
+        cuda::rms_norm_f32(input, rows, hidden, norm, eps, h_f32, stream);
+        cuda::linear_f32_input(weight, bias, h_f32, rows, out_features, hidden, y, stream);
+      } else {
+        cuda::rms_norm_to_bf16(input, rows, hidden, norm, eps, h, stream);
+        cuda::linear_bf16(weight, bias, h, rows, out_features, hidden, y, stream);
+      }
+    };
+
+    cuda::embedding_bf16(g.embed_tokens, run.step.tokens, rows, hidden, x, stream);
+    run.marks.record("embedding");
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const GptOssCudaLayer& layer = g.layers[size_t(l)];
       const int group = kv_layout_.layer_group[size_t(l)];
       const int64_t slot = kv_layout_.layer_slot[size_t(l)];
 
-      cuda::rms_norm_to_bf16(x, rows, hidden, layer.input_norm, eps, h, stream);
-      cuda::linear_bf16(layer.qkv_proj, layer.qkv_bias, h, rows, q_width + 2 * kv_width, hidden, qkv, stream);
-      cuda::split_qkv_rope(qkv, rows, c.num_heads, c.num_kv_heads, head_dim, g.step.positions, g.inv_freq,
+      normed_linear(x, layer.input_norm, layer.qkv_proj, layer.qkv_bias, qkv_width, qkv);
+      run.marks.record("norm + qkv");
+      cuda::split_qkv_rope(qkv, rows, c.num_heads, c.num_kv_heads, head_dim, run.step.positions, g.inv_freq,
                            rope_.attention_scale(), q, k, v, stream);
+      run.marks.record("rope");
       cuda::AttentionShape shape;
       shape.num_heads = c.num_heads;
       shape.num_kv_heads = c.num_kv_heads;
@@ -220,40 +255,64 @@ class GptOss : public Model {
       shape.sliding_window = kv_layout_.group_window[size_t(group)];
       shape.sinks = layer.sinks;
       KvGroupStorage& storage = kv_cache[size_t(group)];
-      const cuda::KvLayerCache cache{storage.device_keys(slot), storage.device_values(slot), storage.shape().block_size};
-      cuda::kv_cache_write(g.step.groups[size_t(group)], shape, k, v, cache, stream);
-      cuda::paged_attention(g.step.groups[size_t(group)], shape, q, cache, attn, attention_workspace, attention_bytes,
-                            stream);
-      cuda::linear_bf16(layer.o_proj, layer.o_bias, attn, rows, hidden, q_width, projected, stream);
-      cuda::add_inplace(x, projected, rows * hidden, stream);
-
-      // The router sees the float32 norm output: routing is a discrete choice, and a bf16-rounded
-      // input can flip a near-tie between experts, a large error for that token.
-      cuda::rms_norm_f32(x, rows, hidden, layer.post_attention_norm, eps, h_f32, stream);
-      cuda::rms_norm_to_bf16(x, rows, hidden, layer.post_attention_norm, eps, h, stream);
-      cuda::linear_f32_input(layer.router, layer.router_bias, h_f32, rows, experts, hidden, router_logits, stream);
-      cuda::moe_topk_softmax(router_logits, rows, experts, int(top_k), expert_ids, expert_weights, stream);
-      cuda::moe_mxfp4(layer.experts, h, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace, moe_bytes,
-                      stream);
-    }
-
-    const int64_t logit_rows = g.step.logit_rows;
-    if (logit_rows > 0) {
-      float* last = g.arena.get<float>(12, logit_rows * hidden);
-      uint16_t* normed = g.arena.get<uint16_t>(13, logit_rows * hidden);
-      float* device_logits = g.arena.get<float>(14, logit_rows * c.vocab_size);
-      cuda::gather_rows_f32(x, g.step.logit_row_index, logit_rows, hidden, last, stream);
-      cuda::rms_norm_to_bf16(last, logit_rows, hidden, g.final_norm, eps, normed, stream);
-      cuda::linear_bf16(g.lm_head, nullptr, normed, logit_rows, c.vocab_size, hidden, device_logits, stream);
-      if (token_ids) {
-        int32_t* device_ids = g.arena.get<int32_t>(17, logit_rows);
-        cuda::argmax_rows(device_logits, logit_rows, c.vocab_size, device_ids, stream);
-        cuda::copy_to_host(token_ids, device_ids, size_t(logit_rows) * sizeof(int32_t), stream);
+      const cuda::KvLayerCache cache{storage.device_keys(slot), storage.device_values(slot), storage.shape().block_size,
+                                     storage.shape().dtype};
+      const cuda::AttentionBatch& view = run.step.groups[size_t(group)];
+      cuda::kv_cache_write(view, shape, k, v, cache, stream);
+      run.marks.record("kv write");
+      if (exact) {
+        cuda::paged_attention(view, shape, q, cache, attn_f32, attention_workspace, attention_bytes, stream);
+        run.marks.record(shape.sliding_window ? "attention (sliding)" : "attention (full)");
+        cuda::linear_f32_input(layer.o_proj, layer.o_bias, attn_f32, rows, hidden, q_width, projected, stream);
       } else {
-        cuda::copy_to_host(logits, device_logits, size_t(logit_rows * c.vocab_size) * sizeof(float), stream);
+        cuda::paged_attention(view, shape, q, cache, attn, attention_workspace, attention_bytes, stream);
+        run.marks.record(shape.sliding_window ? "attention (sliding)" : "attention (full)");
+        cuda::linear_bf16(layer.o_proj, layer.o_bias, attn, rows, hidden, q_width, projected, stream);
       }
+      run.marks.record("o_proj");
+      cuda::add_inplace(x, projected, rows * hidden, stream);
+      run.marks.record("residual add");
+
+      // The router sees the float32 norm output even in bf16 mode: routing is a discrete choice,
+      // and a bf16-rounded input can flip a near-tie between experts, a large error for that token.
+      cuda::rms_norm_f32(x, rows, hidden, layer.post_attention_norm, eps, h_f32, stream);
+      run.marks.record("norm (router)");
+      cuda::linear_f32_input(layer.router, layer.router_bias, h_f32, rows, experts, hidden, router_logits, stream);
+      run.marks.record("router");
+      cuda::moe_topk_softmax(router_logits, rows, experts, int(top_k), expert_ids, expert_weights, stream);
+      run.marks.record("top-k");
+      if (exact) {
+        cuda::moe_mxfp4_f32(layer.experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace,
+                            moe_bytes, stream);
+      } else {
+        cuda::rms_norm_to_bf16(x, rows, hidden, layer.post_attention_norm, eps, h, stream);
+        run.marks.record("norm (experts)");
+        cuda::moe_mxfp4(layer.experts, h, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace, moe_bytes,
+                        stream);
+      }
+      run.marks.record("experts");
     }
-    cuda::synchronize(stream);
+
+    const int64_t logit_rows = run.step.logit_rows;
+    if (logit_rows == 0) return;
+    float* last = run.arena.get<float>(12, logit_rows * hidden);
+    run.device_logits = run.arena.get<float>(14, logit_rows * c.vocab_size);
+    cuda::gather_rows_f32(x, run.step.logit_row_index, logit_rows, hidden, last, stream);
+    if (exact) {
+      float* normed = run.arena.get<float>(19, logit_rows * hidden);
+      cuda::rms_norm_f32(last, logit_rows, hidden, g.final_norm, eps, normed, stream);
+      cuda::linear_f32_input(g.lm_head, nullptr, normed, logit_rows, c.vocab_size, hidden, run.device_logits, stream);
+    } else {
+      uint16_t* normed = run.arena.get<uint16_t>(13, logit_rows * hidden);
+      cuda::rms_norm_to_bf16(last, logit_rows, hidden, g.final_norm, eps, normed, stream);
+      cuda::linear_bf16(g.lm_head, nullptr, normed, logit_rows, c.vocab_size, hidden, run.device_logits, stream);
+    }
+    run.marks.record("final norm + lm_head");
+    if (argmax) {
+      run.device_ids = run.arena.get<int32_t>(17, logit_rows);
+      cuda::argmax_rows(run.device_logits, logit_rows, c.vocab_size, run.device_ids, stream);
+      run.marks.record("argmax");
+    }
   }
 
   void load_cuda() {
@@ -361,7 +420,7 @@ class GptOss : public Model {
 
 std::unique_ptr<Model> make_gpt_oss(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
                                     const LoadOptions& options) {
-  return std::make_unique<GptOss>(config, std::move(weights), options.device);
+  return std::make_unique<GptOss>(config, std::move(weights), options);
 }
 
 }  // namespace anvil

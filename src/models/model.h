@@ -27,6 +27,7 @@ struct KvLayout {
   std::vector<int64_t> group_layers;      // per group: how many layers
   std::vector<int64_t> group_window;      // per group: sliding window, 0 for full attention
   KvDevice device = KvDevice::Host;       // where the model wants its cache
+  cuda::KvDtype dtype = cuda::KvDtype::BF16;  // its element type on the device
   int num_groups() const { return int(group_layers.size()); }
 };
 
@@ -60,9 +61,14 @@ class Model {
   // The same step, returning only each logit row's argmax (ties to the lower id): greedy decoding
   // without moving logits off the device. This default runs forward() and picks on the host.
   virtual void forward_argmax(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, int32_t* token_ids);
+  // GPU models: while on, steps run kernel by kernel with device events between operations, and
+  // step_profile() returns (operation, ms) summed over the steps since the last call.
+  virtual void set_step_profiling(bool on) { (void)on; }
+  virtual std::vector<std::pair<std::string, double>> step_profile() { return {}; }
 
  protected:
-  Model(ModelConfig config, std::unique_ptr<WeightSource> weights, Device device = Device::Cpu);
+  Model(ModelConfig config, std::unique_ptr<WeightSource> weights, Device device = Device::Cpu,
+        cuda::KvDtype kv_dtype = cuda::KvDtype::BF16);
   ModelConfig config_;
   Device device_ = Device::Cpu;
   KvLayout kv_layout_;
@@ -71,13 +77,30 @@ class Model {
 
 enum class LoadFormat { Auto, Dummy };
 
+// Numerics of the CUDA path (`--dtype`, `--kv-cache-dtype`); the CPU computes and caches in
+// float32 whatever is asked. Auto: bf16 matrix inputs and a bf16 KV cache. F32 keeps every
+// activation and the cache in float32 on CUDA cores: slower, but within float32 rounding of the
+// reference (what fixture checks need; bf16 rounding alone moves a tiny random model's logits by
+// whole units).
+enum class ComputeDtype { Auto, BF16, F32 };
+enum class KvCacheDtype { Auto, BF16, F32, FP8_E4M3 };
+
 struct LoadOptions {
   LoadFormat format = LoadFormat::Auto;
   uint64_t dummy_seed = 0;
   bool rope_inv_freq_bf16 = false;  // see RopeConfig::inv_freq_bf16
   Device device = Device::Cpu;
   int cuda_device = 0;
+  ComputeDtype dtype = ComputeDtype::Auto;
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::Auto;
+  bool enforce_eager = false;  // CUDA: never replay decode steps as CUDA graphs (vLLM's flag)
 };
+
+// Parses `--dtype` / `--kv-cache-dtype` values (vLLM's spellings); fails naming the flag.
+ComputeDtype parse_compute_dtype(const std::string& value);
+KvCacheDtype parse_kv_cache_dtype(const std::string& value);
+// The device cache's element type for these options (Auto follows --dtype).
+cuda::KvDtype resolve_kv_dtype(const LoadOptions& options);
 
 // Reads config.json (and the weights unless dummy) from model_dir.
 std::unique_ptr<Model> load_model(const std::filesystem::path& model_dir, const LoadOptions& options = {});

@@ -1,10 +1,13 @@
 // Qwen3 (Qwen3ForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM): one decoder, whose MLP is dense
 // or a softmax-then-top-k MoE per layer. Per-head q/k RMSNorm before RoPE, no biases, optional
-// tied embeddings. The whole forward pass is in forward() below; models.md §3.3 has the math.
+// tied embeddings. The whole forward pass is in forward() below (and forward_cuda() for the GPU);
+// models.md §3.3 has the math.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "models/cuda_support.h"
 #include "models/model.h"
 #include "models/step_context.h"
 
@@ -25,16 +28,57 @@ struct Qwen3Layer {
   std::vector<Qwen3Expert> experts;
 };
 
+#if ANVIL_WITH_CUDA
+struct Qwen3CudaLayer {
+  const float *input_norm, *post_attention_norm, *q_norm, *k_norm;
+  const uint16_t *qkv_proj, *o_proj;  // q, k, v stacked in one matrix
+  bool moe = false;
+  const uint16_t *gate_up = nullptr, *down = nullptr;  // dense MLP: gate rows then up rows
+  const uint16_t* router = nullptr;
+  cuda::MoeBf16Weights experts;
+};
+
+struct Qwen3Cuda {
+  explicit Qwen3Cuda(WeightSource& source) : weights(source) {}
+  DeviceWeights weights;
+  std::vector<Qwen3CudaLayer> layers;
+  const uint16_t *embed_tokens = nullptr, *lm_head = nullptr;
+  const float *final_norm = nullptr, *inv_freq = nullptr;
+  bool exact = false;  // --dtype float32
+  CudaStepRunner runner;
+};
+#endif
+
 class Qwen3 : public Model {
  public:
-  Qwen3(const ModelConfig& config, std::unique_ptr<WeightSource> weights)
-      : Model(config, std::move(weights)), rope_(config.rope, config.head_dim) {
+  Qwen3(const ModelConfig& config, std::unique_ptr<WeightSource> weights, const LoadOptions& options)
+      : Model(config, std::move(weights), options.device, resolve_kv_dtype(options)),
+        rope_(config.rope, config.head_dim) {
     if (config.quant_method != QuantMethod::None)
       fail("quantized Qwen3 checkpoints are not supported yet (quantization_config.quant_method)");
+#if ANVIL_WITH_CUDA
+    if (options.device == Device::Cuda) {
+      load_cuda();
+      cuda_->exact = options.dtype == ComputeDtype::F32;
+      cuda_->runner.graphs_enabled = !options.enforce_eager;
+      return;
+    }
+#endif
     load();
   }
 
   size_t weight_bytes_per_token() const override {
+    if (device_ == Device::Cuda) {
+      const auto& c = config_;
+      const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+      int64_t bytes = h * 2 + c.vocab_size * h * 2;
+      for (int64_t l = 0; l < c.num_layers; ++l) {
+        bytes += 2 * (q * h + 2 * kv * h + h * q);
+        bytes += c.is_moe_layer(l) ? 2 * (c.num_experts * h + c.num_experts_per_tok * 3 * h * c.moe_intermediate_size)
+                                   : 2 * 3 * h * c.intermediate_size;
+      }
+      return size_t(bytes);
+    }
     size_t bytes = size_t(config_.hidden_size) * 2 + lm_head_.weight_bytes();
     for (const auto& layer : layers_) {
       bytes += layer.q_proj.weight_bytes() + layer.k_proj.weight_bytes() + layer.v_proj.weight_bytes() +
@@ -51,6 +95,9 @@ class Qwen3 : public Model {
   }
 
   void forward(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, float* logits) override {
+#if ANVIL_WITH_CUDA
+    if (device_ == Device::Cuda) return forward_cuda(batch, kv_cache, logits, nullptr);
+#endif
     const auto& c = config_;
     const StepContext step(batch, kv_layout_, c);
     const int64_t rows = step.rows, hidden = c.hidden_size, head_dim = c.head_dim;
@@ -151,6 +198,192 @@ class Qwen3 : public Model {
     }
   }
 
+#if ANVIL_WITH_CUDA
+  void forward_argmax(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, int32_t* token_ids) override {
+    if (device_ != Device::Cuda) return Model::forward_argmax(batch, kv_cache, token_ids);
+    forward_cuda(batch, kv_cache, nullptr, token_ids);
+  }
+
+  // The same pass on the GPU: bf16 weights, float32 residual stream and accumulation, bf16 matrix
+  // inputs and KV cache by default, or everything float32 (`--dtype float32`). Decode steps replay
+  // a CUDA graph of the whole pass (models/cuda_support.h).
+  void forward_cuda(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, float* logits, int32_t* token_ids) {
+    cuda_->runner.run(batch, kv_layout_, config_, kv_cache, logits, token_ids,
+                      [&](bool argmax) { enqueue_forward(kv_cache, argmax); });
+  }
+
+  void set_step_profiling(bool on) override {
+    if (cuda_) cuda_->runner.marks.enable(on);
+  }
+  std::vector<std::pair<std::string, double>> step_profile() override {
+    return cuda_ ? cuda_->runner.marks.times() : std::vector<std::pair<std::string, double>>{};
+  }
+
+  void enqueue_forward(std::vector<KvGroupStorage>& kv_cache, bool argmax) {
+    const auto& c = config_;
+    Qwen3Cuda& g = *cuda_;
+    CudaStepRunner& run = g.runner;
+    const cuda::Stream stream = run.stream.get();
+    const bool exact = g.exact;
+    const int64_t rows = run.step.rows, hidden = c.hidden_size, head_dim = c.head_dim;
+    const int64_t q_width = c.num_heads * head_dim, kv_width = c.num_kv_heads * head_dim;
+    const int64_t qkv_width = q_width + 2 * kv_width;
+    const int64_t width = std::max(c.intermediate_size, c.moe_intermediate_size);
+    const int64_t experts = std::max<int64_t>(c.num_experts, 1), top_k = std::max<int64_t>(c.num_experts_per_tok, 1);
+    const float eps = float(c.rms_norm_eps);
+    float* x = run.arena.get<float>(0, rows * hidden);
+    uint16_t* h = run.arena.get<uint16_t>(1, rows * std::max(hidden, std::max(q_width, width)));
+    float* h_f32 = run.arena.get<float>(2, rows * std::max(hidden, std::max(q_width, width)));
+    float* qkv = run.arena.get<float>(3, rows * qkv_width);
+    float* q = run.arena.get<float>(4, rows * q_width);
+    float* k = run.arena.get<float>(5, rows * kv_width);
+    float* v = run.arena.get<float>(6, rows * kv_width);
+    float* projected = run.arena.get<float>(7, rows * std::max(hidden, 2 * width));
+    float* gate_up = run.arena.get<float>(8, rows * 2 * width);
+    float* router_logits = run.arena.get<float>(9, rows * experts);
+    int32_t* expert_ids = run.arena.get<int32_t>(10, rows * top_k);
+    float* expert_weights = run.arena.get<float>(11, rows * top_k);
+    const size_t moe_bytes = cuda::moe_bf16_workspace_bytes(rows, int(top_k), std::max<int64_t>(c.moe_intermediate_size, 1));
+    void* moe_workspace = run.arena.get<uint8_t>(12, int64_t(moe_bytes));
+    const size_t attention_bytes = cuda::attention_workspace_bytes(rows, c.num_heads, head_dim);
+    void* attention_workspace = run.arena.get<uint8_t>(13, int64_t(attention_bytes));
+
+    auto normed_linear = [&](const float* input, const float* norm, const uint16_t* weight, int64_t out_features,
+                             float* y) {
+      if (exact) {
+        cuda::rms_norm_f32(input, rows, hidden, norm, eps, h_f32, stream);
+        cuda::linear_f32_input(weight, nullptr, h_f32, rows, out_features, hidden, y, stream);
+      } else {
+        cuda::rms_norm_to_bf16(input, rows, hidden, norm, eps, h, stream);
+        cuda::linear_bf16(weight, nullptr, h, rows, out_features, hidden, y, stream);
+      }
+    };
+
+    cuda::embedding_bf16(g.embed_tokens, run.step.tokens, rows, hidden, x, stream);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const Qwen3CudaLayer& layer = g.layers[size_t(l)];
+      const int group = kv_layout_.layer_group[size_t(l)];
+      const int64_t slot = kv_layout_.layer_slot[size_t(l)];
+
+      normed_linear(x, layer.input_norm, layer.qkv_proj, qkv_width, qkv);
+      cuda::split_qkv_norm_rope(qkv, rows, c.num_heads, c.num_kv_heads, head_dim, layer.q_norm, layer.k_norm, eps,
+                                run.step.positions, g.inv_freq, rope_.attention_scale(), q, k, v, stream);
+      cuda::AttentionShape shape;
+      shape.num_heads = c.num_heads;
+      shape.num_kv_heads = c.num_kv_heads;
+      shape.head_dim = head_dim;
+      shape.scale = 1.0f / std::sqrt(float(head_dim));
+      shape.sliding_window = kv_layout_.group_window[size_t(group)];
+      KvGroupStorage& storage = kv_cache[size_t(group)];
+      const cuda::KvLayerCache cache{storage.device_keys(slot), storage.device_values(slot), storage.shape().block_size,
+                                     storage.shape().dtype};
+      const cuda::AttentionBatch& view = run.step.groups[size_t(group)];
+      cuda::kv_cache_write(view, shape, k, v, cache, stream);
+      if (exact) {
+        cuda::paged_attention(view, shape, q, cache, h_f32, attention_workspace, attention_bytes, stream);
+        cuda::linear_f32_input(layer.o_proj, nullptr, h_f32, rows, hidden, q_width, projected, stream);
+      } else {
+        cuda::paged_attention(view, shape, q, cache, h, attention_workspace, attention_bytes, stream);
+        cuda::linear_bf16(layer.o_proj, nullptr, h, rows, hidden, q_width, projected, stream);
+      }
+      cuda::add_inplace(x, projected, rows * hidden, stream);
+      run.marks.record("attention block");
+
+      if (layer.moe) {
+        // Routing from the float32 norm output (a discrete choice), experts in float32.
+        cuda::rms_norm_f32(x, rows, hidden, layer.post_attention_norm, eps, h_f32, stream);
+        cuda::linear_f32_input(layer.router, nullptr, h_f32, rows, c.num_experts, hidden, router_logits, stream);
+        cuda::moe_softmax_topk(router_logits, rows, c.num_experts, int(top_k), c.norm_topk_prob, expert_ids,
+                               expert_weights, stream);
+        cuda::moe_bf16(layer.experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace, moe_bytes,
+                       stream);
+      } else {
+        normed_linear(x, layer.post_attention_norm, layer.gate_up, 2 * c.intermediate_size, gate_up);
+        if (exact) {
+          cuda::silu_mul_f32(gate_up, rows, c.intermediate_size, h_f32, stream);
+          cuda::linear_f32_input(layer.down, nullptr, h_f32, rows, hidden, c.intermediate_size, projected, stream);
+        } else {
+          cuda::silu_mul_to_bf16(gate_up, rows, c.intermediate_size, h, stream);
+          cuda::linear_bf16(layer.down, nullptr, h, rows, hidden, c.intermediate_size, projected, stream);
+        }
+        cuda::add_inplace(x, projected, rows * hidden, stream);
+      }
+      run.marks.record(layer.moe ? "experts block" : "mlp block");
+    }
+
+    const int64_t logit_rows = run.step.logit_rows;
+    if (logit_rows == 0) return;
+    float* last = run.arena.get<float>(14, logit_rows * hidden);
+    run.device_logits = run.arena.get<float>(15, logit_rows * c.vocab_size);
+    cuda::gather_rows_f32(x, run.step.logit_row_index, logit_rows, hidden, last, stream);
+    if (exact) {
+      float* normed = run.arena.get<float>(16, logit_rows * hidden);
+      cuda::rms_norm_f32(last, logit_rows, hidden, g.final_norm, eps, normed, stream);
+      cuda::linear_f32_input(g.lm_head, nullptr, normed, logit_rows, c.vocab_size, hidden, run.device_logits, stream);
+    } else {
+      uint16_t* normed = run.arena.get<uint16_t>(17, logit_rows * hidden);
+      cuda::rms_norm_to_bf16(last, logit_rows, hidden, g.final_norm, eps, normed, stream);
+      cuda::linear_bf16(g.lm_head, nullptr, normed, logit_rows, c.vocab_size, hidden, run.device_logits, stream);
+    }
+    run.marks.record("final norm + lm_head");
+    if (argmax) {
+      run.device_ids = run.arena.get<int32_t>(18, logit_rows);
+      cuda::argmax_rows(run.device_logits, logit_rows, c.vocab_size, run.device_ids, stream);
+    }
+  }
+
+  void load_cuda() {
+    const auto& c = config_;
+    cuda_ = std::make_unique<Qwen3Cuda>(*weights_);
+    DeviceWeights& w = cuda_->weights;
+    const int64_t hidden = c.hidden_size, head_dim = c.head_dim;
+    const int64_t q_width = c.num_heads * head_dim, kv_width = c.num_kv_heads * head_dim;
+    cuda_->embed_tokens = w.bf16("model.embed_tokens.weight", {c.vocab_size, hidden});
+    cuda_->layers.resize(size_t(c.num_layers));
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      Qwen3CudaLayer& layer = cuda_->layers[size_t(l)];
+      const std::string p = "model.layers." + std::to_string(l);
+      const std::string a = p + ".self_attn.";
+      layer.input_norm = w.f32(p + ".input_layernorm.weight", {hidden});
+      layer.post_attention_norm = w.f32(p + ".post_attention_layernorm.weight", {hidden});
+      layer.q_norm = w.f32(a + "q_norm.weight", {head_dim});
+      layer.k_norm = w.f32(a + "k_norm.weight", {head_dim});
+      layer.qkv_proj = w.stacked_bf16({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                                      {q_width, kv_width, kv_width}, hidden);
+      layer.o_proj = w.bf16(a + "o_proj.weight", {hidden, q_width});
+      layer.moe = c.is_moe_layer(l);
+      if (layer.moe) {
+        const int64_t width = c.moe_intermediate_size, experts = c.num_experts;
+        layer.router = w.bf16(p + ".mlp.gate.weight", {experts, hidden});
+        std::vector<std::string> gate_up_names, down_names;
+        std::vector<int64_t> gate_up_rows, down_rows;
+        for (int64_t e = 0; e < experts; ++e) {
+          const std::string ep = p + ".mlp.experts." + std::to_string(e);
+          gate_up_names.insert(gate_up_names.end(), {ep + ".gate_proj.weight", ep + ".up_proj.weight"});
+          gate_up_rows.insert(gate_up_rows.end(), {width, width});
+          down_names.push_back(ep + ".down_proj.weight");
+          down_rows.push_back(hidden);
+        }
+        layer.experts.gate_up = w.stacked_bf16(gate_up_names, gate_up_rows, hidden);
+        layer.experts.down = w.stacked_bf16(down_names, down_rows, width);
+        layer.experts.num_experts = experts;
+        layer.experts.hidden = hidden;
+        layer.experts.intermediate = width;
+      } else {
+        const int64_t width = c.intermediate_size;
+        layer.gate_up = w.stacked_bf16({p + ".mlp.gate_proj.weight", p + ".mlp.up_proj.weight"}, {width, width}, hidden);
+        layer.down = w.bf16(p + ".mlp.down_proj.weight", {hidden, width});
+      }
+    }
+    cuda_->final_norm = w.f32("model.norm.weight", {hidden});
+    // Tied checkpoints have no lm_head tensor; the embedding doubles as the output projection.
+    cuda_->lm_head = c.tie_word_embeddings ? cuda_->embed_tokens : w.bf16("lm_head.weight", {c.vocab_size, hidden});
+    cuda_->inv_freq = w.upload(rope_.inv_freq());
+  }
+
+  std::unique_ptr<Qwen3Cuda> cuda_;
+#endif
+
   void load() {
     const auto& c = config_;
     WeightSource& w = *weights_;
@@ -213,14 +446,12 @@ class Qwen3 : public Model {
 
 std::unique_ptr<Model> make_qwen3(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
                                   const LoadOptions& options) {
-  if (options.device != Device::Cpu) fail("Qwen3 runs on the CPU only so far (--device cpu)");
-  return std::make_unique<Qwen3>(config, std::move(weights));
+  return std::make_unique<Qwen3>(config, std::move(weights), options);
 }
 
 std::unique_ptr<Model> make_qwen3_moe(const ModelConfig& config, std::unique_ptr<WeightSource> weights,
                                       const LoadOptions& options) {
-  if (options.device != Device::Cpu) fail("Qwen3-MoE runs on the CPU only so far (--device cpu)");
-  return std::make_unique<Qwen3>(config, std::move(weights));
+  return std::make_unique<Qwen3>(config, std::move(weights), options);
 }
 
 }  // namespace anvil

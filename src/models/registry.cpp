@@ -19,7 +19,8 @@ const std::map<std::string, ModelFactory>& registry() {
 }  // namespace
 
 bool architecture_has_cuda_path(const std::string& architecture) {
-  return cuda::compiled_in() && architecture == "GptOssForCausalLM";
+  return cuda::compiled_in() && (architecture == "GptOssForCausalLM" || architecture == "Qwen3ForCausalLM" ||
+                                 architecture == "Qwen3MoeForCausalLM");
 }
 
 int64_t StepBatch::logit_rows() const {
@@ -28,9 +29,35 @@ int64_t StepBatch::logit_rows() const {
   return rows;
 }
 
-Model::Model(ModelConfig config, std::unique_ptr<WeightSource> weights, Device device)
+Model::Model(ModelConfig config, std::unique_ptr<WeightSource> weights, Device device, cuda::KvDtype kv_dtype)
     : config_(std::move(config)), device_(device), kv_layout_(make_kv_layout(config_)), weights_(std::move(weights)) {
   kv_layout_.device = device == Device::Cuda ? KvDevice::Cuda : KvDevice::Host;
+  kv_layout_.dtype = kv_dtype;
+}
+
+ComputeDtype parse_compute_dtype(const std::string& value) {
+  if (value == "auto") return ComputeDtype::Auto;
+  if (value == "bfloat16" || value == "bf16") return ComputeDtype::BF16;
+  if (value == "float32" || value == "float" || value == "fp32") return ComputeDtype::F32;
+  fail("--dtype '{}' is not one of auto, bfloat16, float32", value);
+}
+
+KvCacheDtype parse_kv_cache_dtype(const std::string& value) {
+  if (value == "auto") return KvCacheDtype::Auto;
+  if (value == "bfloat16" || value == "bf16") return KvCacheDtype::BF16;
+  if (value == "float32" || value == "fp32") return KvCacheDtype::F32;
+  if (value == "fp8" || value == "fp8_e4m3") return KvCacheDtype::FP8_E4M3;
+  fail("--kv-cache-dtype '{}' is not one of auto, bfloat16, float32, fp8, fp8_e4m3", value);
+}
+
+cuda::KvDtype resolve_kv_dtype(const LoadOptions& options) {
+  switch (options.kv_cache_dtype) {
+    case KvCacheDtype::BF16: return cuda::KvDtype::BF16;
+    case KvCacheDtype::F32: return cuda::KvDtype::F32;
+    case KvCacheDtype::FP8_E4M3: return cuda::KvDtype::FP8_E4M3;
+    case KvCacheDtype::Auto: break;
+  }
+  return options.dtype == ComputeDtype::F32 ? cuda::KvDtype::F32 : cuda::KvDtype::BF16;
 }
 
 void Model::forward_argmax(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, int32_t* token_ids) {
@@ -67,7 +94,14 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<W
   const auto& factories = registry();
   const auto found = factories.find(config.architecture);
   if (found == factories.end()) fail("architecture '{}' is not supported", config.architecture);
-  if (options.device == Device::Cuda) cuda::select_device(options.cuda_device);
+  if (options.device == Device::Cuda) {
+    cuda::select_device(options.cuda_device);
+  } else {
+    if (options.dtype == ComputeDtype::BF16)
+      fail("--dtype bfloat16: the CPU backend computes in float32 (bfloat16 applies to --device cuda)");
+    if (options.kv_cache_dtype == KvCacheDtype::BF16 || options.kv_cache_dtype == KvCacheDtype::FP8_E4M3)
+      fail("--kv-cache-dtype: the CPU backend keeps its KV cache in float32 (bfloat16 and fp8 apply to --device cuda)");
+  }
   return found->second(config, std::move(weights), options);
 }
 

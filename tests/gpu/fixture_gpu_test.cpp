@@ -3,6 +3,11 @@
 // forcing the greedy token equals the reference's wherever the top-1/top-2 gap exceeds 0.1. The
 // reference logits cover the prompts only; past them, the CPU model (within 1e-3 of the
 // reference, tests/models/fixture_test.cpp) supplies the gap.
+//
+// The bar is checked in the float32 compute mode (--dtype float32). The default bf16 mode rounds
+// matrix inputs and the KV cache to bf16, which on these tiny random models moves logits by about
+// one unit (0.97 measured on gpt-oss-tiny; emulating the roundings on the CPU gives the same
+// size), so there the test only guards against a regression past that.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +25,7 @@ namespace {
 
 constexpr float kLogitTolerance = 0.05f;
 constexpr float kDecisiveGap = 0.1f;
+constexpr float kBf16Guard = 1.5f;
 
 struct Ranked {
   int32_t top = 0;
@@ -36,21 +42,24 @@ Ranked rank(const float* logits, int64_t vocab) {
   return {best, logits[best] - second};
 }
 
-class FixtureGpuTest : public ::testing::TestWithParam<std::string> {
+class FixtureGpuTest : public ::testing::TestWithParam<std::tuple<std::string, ComputeDtype>> {
  protected:
   void SetUp() override {
     if (cuda::devices().empty()) GTEST_SKIP() << "no CUDA GPU: " << cuda::unavailable_reason();
-    dir_ = test::fixtures_dir() / GetParam();
+    dir_ = test::fixtures_dir() / std::get<0>(GetParam());
+    exact_ = std::get<1>(GetParam()) == ComputeDtype::F32;
     const auto config = load_model_config(dir_ / "config.json");
     if (!architecture_has_cuda_path(config.architecture))
       GTEST_SKIP() << config.architecture << " has no CUDA path yet";
     LoadOptions options;
     options.device = Device::Cuda;
+    options.dtype = std::get<1>(GetParam());
     gpu_ = load_model(dir_, options);
     cpu_ = load_model(dir_);
   }
 
   std::filesystem::path dir_;
+  bool exact_ = false;
   std::unique_ptr<Model> gpu_, cpu_;
 };
 
@@ -74,9 +83,10 @@ TEST_P(FixtureGpuTest, LogitsAndTeacherForcedGreedyMatchTheReference) {
       for (int64_t i = 0; i < vocab; ++i)
         error = std::max(error, std::fabs(gpu[t * size_t(vocab) + size_t(i)] - want[t * size_t(vocab) + size_t(i)]));
       worst = std::max(worst, error);
-      EXPECT_LE(error, kLogitTolerance) << "prompt position " << t;
+      EXPECT_LE(error, exact_ ? kLogitTolerance : kBf16Guard) << "prompt position " << t;
       EXPECT_FALSE(std::isnan(error));
     }
+    if (!exact_) continue;
     for (size_t t = prompt.size() - 1; t < forced.size(); ++t) {
       const int32_t want_token = greedy[t - (prompt.size() - 1)];
       const Ranked cpu_rank = rank(cpu.data() + t * size_t(vocab), vocab);
@@ -85,10 +95,20 @@ TEST_P(FixtureGpuTest, LogitsAndTeacherForcedGreedyMatchTheReference) {
       EXPECT_EQ(rank(gpu.data() + t * size_t(vocab), vocab).top, want_token) << "position " << t;
     }
   }
-  std::printf("[ gpu fixture ] %s max |logit - reference| = %.5f\n", GetParam().c_str(), worst);
+  std::printf("[ gpu fixture ] %s %s max |logit - reference| = %.5f\n", std::get<0>(GetParam()).c_str(),
+              exact_ ? "float32" : "bfloat16", worst);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGpuTest, ::testing::Values("gpt-oss-tiny", "qwen3-tiny", "qwen3moe-tiny"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGpuTest,
+                         ::testing::Combine(::testing::Values("gpt-oss-tiny", "qwen3-tiny", "qwen3moe-tiny"),
+                                            ::testing::Values(ComputeDtype::F32, ComputeDtype::BF16)),
+                         [](const auto& param_info) {
+                           std::string name = std::get<0>(param_info.param) +
+                                              (std::get<1>(param_info.param) == ComputeDtype::F32 ? "_float32" : "_bfloat16");
+                           for (auto& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace anvil

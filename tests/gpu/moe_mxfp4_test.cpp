@@ -362,5 +362,41 @@ TEST(CudaMoe, GptOss20bShapesWithSpeed) {
   }
 }
 
+// The float32 compute mode's experts: float32 h and intermediates, so they agree with the CPU
+// reference to float32 summation-order rounding, including scales above 128.
+TEST(CudaMoe, Float32PathMatchesTheCpuTightly) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(29);
+  for (const bool big : {false, true}) {
+    const Experts ex({8, 288, 96, 3}, rng, big);
+    const Shape& s = ex.shape;
+    for (int64_t m : {1, 7, 40}) {
+      const auto routed = route_on_gpu(m, s, rng);
+      std::vector<float> h(size_t(m * s.hidden)), residual(size_t(m * s.hidden));
+      for (auto& v : h) v = rng.uniform();
+      for (auto& v : residual) v = rng.uniform();
+      auto d_h = upload(h), d_ids = upload(routed.ids), d_w = upload(routed.weights), d_residual = upload(residual);
+      const size_t bytes = cuda::moe_mxfp4_f32_workspace_bytes(m, s.k, s.intermediate);
+      cuda::DeviceBuffer workspace(bytes);
+      cuda::memset_device(workspace.get(), 0xff, bytes);
+      cuda::moe_mxfp4_f32(ex.device(), d_h.get<float>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+                          d_residual.get<float>(), workspace.get(), bytes, nullptr);
+      cuda::synchronize();
+      const auto out = download<float>(d_residual, residual.size());
+      double err = 0, norm = 0;
+      for (int64_t r = 0; r < m; ++r) {
+        const auto want = ex.reference(h.data() + r * s.hidden, routed.ids.data() + r * s.k,
+                                       routed.weights.data() + r * s.k);
+        for (int64_t i = 0; i < s.hidden; ++i) {
+          const double got = double(out[size_t(r * s.hidden + i)]) - double(residual[size_t(r * s.hidden + i)]);
+          err += (got - want[size_t(i)]) * (got - want[size_t(i)]);
+          norm += double(want[size_t(i)]) * want[size_t(i)];
+        }
+      }
+      EXPECT_LT(std::sqrt(err / norm), 1e-5) << "m " << m << (big ? " with scales above 128" : "");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace anvil

@@ -62,6 +62,17 @@ std::vector<float> bf16_to_floats(const std::vector<uint16_t>& bits) {
   return out;
 }
 
+// Values an e4m3 cache stores exactly, within ±2.
+std::vector<float> random_fp8_values(size_t n, std::mt19937& rng) {
+  std::uniform_int_distribution<int> code(0, 255);
+  std::vector<float> values(n);
+  for (auto& v : values) {
+    do v = fp8_e4m3_to_f32(uint8_t(code(rng)));
+    while (!(std::fabs(v) <= 2.0f));
+  }
+  return values;
+}
+
 struct AttentionCase {
   int64_t heads, kv_heads, head_dim, window;
   bool sinks;
@@ -69,8 +80,11 @@ struct AttentionCase {
 };
 
 // Runs a history step (to fill the caches) and then the tested step, on both devices, and
-// compares the tested step's outputs.
-void check_attention(const AttentionCase& c, uint32_t seed) {
+// compares the tested step's outputs. Keys and values are drawn so that the cache's element type
+// holds them exactly; a float32 cache gives float32 output, compared tightly. graph_shapes
+// uploads the tested step as a CUDA-graph decode step would (padded tables, fixed split count).
+void check_attention(const AttentionCase& c, uint32_t seed, cuda::KvDtype dtype = cuda::KvDtype::BF16,
+                     bool graph_shapes = false) {
   std::mt19937 rng(seed);
   const int64_t block = 16, q_width = c.heads * c.head_dim, kv_width = c.kv_heads * c.head_dim;
   int64_t total_blocks = 0;
@@ -89,7 +103,7 @@ void check_attention(const AttentionCase& c, uint32_t seed) {
     for (auto& entry : table) entry = order[next++];
 
   KvGroupStorage cpu_cache({1, total_blocks, block, c.kv_heads, c.head_dim, KvDevice::Host});
-  KvGroupStorage gpu_cache({1, total_blocks, block, c.kv_heads, c.head_dim, KvDevice::Cuda});
+  KvGroupStorage gpu_cache({1, total_blocks, block, c.kv_heads, c.head_dim, KvDevice::Cuda, dtype});
   const auto sinks = random_values(size_t(c.heads), rng, 2.0f);
   const auto d_sinks = to_device(sinks);
   KvLayout layout;
@@ -101,7 +115,7 @@ void check_attention(const AttentionCase& c, uint32_t seed) {
   layout.layer_slot = {0};
   ModelConfig config;
   config.vocab_size = 1;
-  config.max_position_embeddings = 0;
+  config.max_position_embeddings = 4096;
 
   for (int phase = 0; phase < 2; ++phase) {
     StepBatch batch;
@@ -122,8 +136,10 @@ void check_attention(const AttentionCase& c, uint32_t seed) {
     }
     if (rows == 0) continue;
     const auto q = random_values(size_t(rows * q_width), rng);
-    const auto k = random_values(size_t(rows * kv_width), rng, 1.0f, true);
-    const auto v = random_values(size_t(rows * kv_width), rng, 1.0f, true);
+    const size_t kv_values = size_t(rows * kv_width);
+    const bool fp8 = dtype == cuda::KvDtype::FP8_E4M3, f32 = dtype == cuda::KvDtype::F32;
+    const auto k = fp8 ? random_fp8_values(kv_values, rng) : random_values(kv_values, rng, 1.0f, !f32);
+    const auto v = fp8 ? random_fp8_values(kv_values, rng) : random_values(kv_values, rng, 1.0f, !f32);
 
     cpu::AttentionParams params;
     params.num_heads = c.heads;
@@ -136,22 +152,31 @@ void check_attention(const AttentionCase& c, uint32_t seed) {
     cpu::paged_attention(params, sequences, q.data(), k.data(), v.data(), cpu_cache, 0, want.data());
 
     DeviceStep step;
-    step.upload(batch, layout, config, nullptr);
+    step.upload(batch, layout, config, nullptr, graph_shapes && phase == 1);
     cuda::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, params.scale, c.window,
                                c.sinks ? d_sinks.get<float>() : nullptr};
-    const cuda::KvLayerCache cache{gpu_cache.device_keys(0), gpu_cache.device_values(0), block};
+    const cuda::KvLayerCache cache{gpu_cache.device_keys(0), gpu_cache.device_values(0), block, dtype};
     const auto d_q = to_device(q), d_k = to_device(k), d_v = to_device(v);
-    cuda::DeviceBuffer d_out(size_t(rows * q_width) * 2);
-    cuda::memset_device(d_out.get(), 0xff, d_out.bytes());  // poison: NaN bf16 everywhere
+    cuda::DeviceBuffer d_out(size_t(rows * q_width) * (f32 ? 4 : 2));
+    cuda::memset_device(d_out.get(), 0xff, d_out.bytes());  // poison: NaN everywhere
     const size_t workspace_bytes = cuda::attention_workspace_bytes(rows, c.heads, c.head_dim);
     cuda::DeviceBuffer workspace(workspace_bytes);
     cuda::kv_cache_write(step.groups[0], shape, d_k.get<float>(), d_v.get<float>(), cache, nullptr);
-    cuda::paged_attention(step.groups[0], shape, d_q.get<float>(), cache, d_out.get<uint16_t>(), workspace.get(),
-                          workspace_bytes, nullptr);
-    const auto got = bf16_to_floats(to_host<uint16_t>(d_out, size_t(rows * q_width)));
+    std::vector<float> got;
+    if (f32) {
+      cuda::paged_attention(step.groups[0], shape, d_q.get<float>(), cache, d_out.get<float>(), workspace.get(),
+                            workspace_bytes, nullptr);
+      got = to_host<float>(d_out, size_t(rows * q_width));
+    } else {
+      cuda::paged_attention(step.groups[0], shape, d_q.get<float>(), cache, d_out.get<uint16_t>(), workspace.get(),
+                            workspace_bytes, nullptr);
+      got = bf16_to_floats(to_host<uint16_t>(d_out, size_t(rows * q_width)));
+    }
     const double error = relative_error(got, want);
-    EXPECT_LT(error, 1e-2) << "phase " << phase << " heads " << c.heads << "/" << c.kv_heads << " dim " << c.head_dim
-                           << " window " << c.window;
+    // bf16 output rounds at 2^-9 relative; float32 output differs from the CPU by summation order.
+    EXPECT_LT(error, f32 ? 1e-5 : 1e-2) << "phase " << phase << " heads " << c.heads << "/" << c.kv_heads << " dim "
+                                        << c.head_dim << " window " << c.window << " cache "
+                                        << cuda::kv_dtype_name(dtype);
   }
 }
 
@@ -170,6 +195,26 @@ TEST(CudaAttention, LongDecodeSplitsTheContext) {
   SKIP_WITHOUT_GPU();
   check_attention({16, 8, 128, 0, false, {{700, 1}, {1500, 1}, {33, 1}}}, 4);
   check_attention({64, 8, 64, 0, true, {{2000, 1}}}, 5);
+}
+
+TEST(CudaAttention, Float32CacheAndOutputMatchTheCpuTightly) {
+  SKIP_WITHOUT_GPU();
+  check_attention({8, 2, 64, 0, true, {{0, 37}, {20, 1}, {100, 5}, {3, 70}}}, 11, cuda::KvDtype::F32);
+  check_attention({64, 8, 64, 128, true, {{0, 300}, {200, 1}, {500, 1}}}, 12, cuda::KvDtype::F32);
+}
+
+TEST(CudaAttention, Fp8CacheHoldsE4m3ValuesExactly) {
+  SKIP_WITHOUT_GPU();
+  check_attention({8, 2, 64, 0, true, {{0, 37}, {20, 1}, {100, 5}}}, 13, cuda::KvDtype::FP8_E4M3);
+  check_attention({64, 8, 64, 128, true, {{200, 1}, {500, 1}}}, 14, cuda::KvDtype::FP8_E4M3);
+}
+
+// A CUDA-graph decode step fixes the split count from an upper bound on the context, so most
+// splits of a short sequence see no keys at all; the merge must ignore them.
+TEST(CudaAttention, GraphShapedDecodeStepsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  check_attention({64, 8, 64, 0, true, {{3, 1}, {300, 1}, {1500, 1}}}, 15, cuda::KvDtype::BF16, true);
+  check_attention({64, 8, 64, 128, true, {{0, 1}, {200, 1}}}, 16, cuda::KvDtype::BF16, true);
 }
 
 TEST(CudaAttention, SmallHeadDimAsQwen3Tiny) {

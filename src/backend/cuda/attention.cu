@@ -10,8 +10,11 @@
 //
 // Why CUDA cores, not tensor cores: the step's attention FLOPs are small next to its weight
 // reads at decode, and at a 2048-token prefill they are ~4e10 per full layer, a few ms in all.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/ops.h"
@@ -25,13 +28,49 @@ constexpr int kKeysPerTile = 32;   // BK
 constexpr int kMaxSplits = 16;
 constexpr int64_t kMaxSplitRows = 64;  // splitting is for decode-sized steps only
 
-struct TileInfo {
-  int seq, first_vector, num_vectors, row_begin, start_pos;
-};
+// Eight consecutive cache elements at `index` (a multiple of 8) as float32.
+template <KvDtype T>
+__device__ __forceinline__ void load8(const void* base, int64_t index, float out[8]) {
+  if constexpr (T == KvDtype::F32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(base) + index);
+    const float4 a = p[0], b = p[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else if constexpr (T == KvDtype::BF16) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + index);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  } else {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + index);
+    const uint32_t w[2] = {raw.x, raw.y};
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 2; ++j) {
+        const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w[i] >> (16 * j)), __NV_E4M3);
+        const float2 f = __half22float2(__half2(pair));
+        out[4 * i + 2 * j] = f.x;
+        out[4 * i + 2 * j + 1] = f.y;
+      }
+  }
+}
 
-template <int D, int BQ>
+template <KvDtype T>
+__device__ __forceinline__ void store_kv(void* base, int64_t index, float value) {
+  if constexpr (T == KvDtype::F32)
+    static_cast<float*>(base)[index] = value;
+  else if constexpr (T == KvDtype::BF16)
+    static_cast<uint16_t*>(base)[index] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
+  else
+    static_cast<uint8_t*>(base)[index] = __nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3);
+}
+
+__device__ __forceinline__ void store_out(uint16_t* p, float value) { *p = __bfloat16_as_ushort(__float2bfloat16_rn(value)); }
+__device__ __forceinline__ void store_out(float* p, float value) { *p = value; }
+
+template <int D, int BQ, KvDtype KV, typename Out>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionBatch batch, AttentionShape shape, const float* q,
-                                                              KvLayerCache cache, uint16_t* out, float* partials,
+                                                              KvLayerCache cache, Out* out, float* partials,
                                                               int splits, int tiles_per_sequence) {
   constexpr int TR = BQ / 16;       // query vectors per thread
   constexpr int TC = kKeysPerTile / 8;  // keys per thread in the score tile
@@ -97,21 +136,18 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionBatch batc
     for (int i = tid; i < kKeysPerTile * (D / 8); i += kThreads) {
       const int key = i / (D / 8), chunk = i % (D / 8);
       const int pos = tile_start + key;
-      uint4 k_raw = make_uint4(0, 0, 0, 0), v_raw = make_uint4(0, 0, 0, 0);
+      float kf[8] = {}, vf[8] = {};
       if (pos <= last_pos) {
         const int block = table[pos / block_size];
         if (block >= 0) {
           const int64_t offset = (int64_t(block) * block_size + pos % block_size) * kv_stride + int64_t(kv_head) * D + chunk * 8;
-          k_raw = *reinterpret_cast<const uint4*>(cache.keys + offset);
-          v_raw = *reinterpret_cast<const uint4*>(cache.values + offset);
+          load8<KV>(cache.keys, offset, kf);
+          load8<KV>(cache.values, offset, vf);
         }
       }
-      const uint32_t kw[4] = {k_raw.x, k_raw.y, k_raw.z, k_raw.w}, vw[4] = {v_raw.x, v_raw.y, v_raw.z, v_raw.w};
-      for (int w = 0; w < 4; ++w) {
-        k_tile[key * (D + 1) + chunk * 8 + 2 * w] = __uint_as_float(kw[w] << 16);
-        k_tile[key * (D + 1) + chunk * 8 + 2 * w + 1] = __uint_as_float(kw[w] & 0xffff0000u);
-        v_tile[key * D + chunk * 8 + 2 * w] = __uint_as_float(vw[w] << 16);
-        v_tile[key * D + chunk * 8 + 2 * w + 1] = __uint_as_float(vw[w] & 0xffff0000u);
+      for (int w = 0; w < 8; ++w) {
+        k_tile[key * (D + 1) + chunk * 8 + w] = kf[w];
+        v_tile[key * D + chunk * 8 + w] = vf[w];
       }
     }
     __syncthreads();
@@ -170,8 +206,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionBatch batc
       float denominator = row_sum[i];
       if (shape.sinks) denominator += expf(shape.sinks[head] - row_max[i]);
       const float inv = denominator > 0.0f ? 1.0f / denominator : 0.0f;
-      uint16_t* target = out + int64_t(row) * q_stride + int64_t(head) * D;
-      for (int j = 0; j < TD; ++j) target[col_group + 8 * j] = __bfloat16_as_ushort(__float2bfloat16_rn(acc[i][j] * inv));
+      Out* target = out + int64_t(row) * q_stride + int64_t(head) * D;
+      for (int j = 0; j < TD; ++j) store_out(target + col_group + 8 * j, acc[i][j] * inv);
     } else {
       float* partial = partials + ((int64_t(row) * shape.num_heads + head) * splits + split) * (D + 2);
       for (int j = 0; j < TD; ++j) partial[col_group + 8 * j] = acc[i][j];
@@ -184,8 +220,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionBatch batc
 }
 
 // One block per (row, head): combines the splits' (max, sum, unnormalized output) and the sink.
+template <typename Out>
 __global__ void merge_splits_kernel(const float* partials, int splits, int64_t num_heads, int head_dim,
-                                    const float* sinks, uint16_t* out) {
+                                    const float* sinks, Out* out) {
   const int64_t row = blockIdx.x, head = blockIdx.y;
   const float* base = partials + (row * num_heads + head) * splits * (head_dim + 2);
   float global_max = -INFINITY;
@@ -203,10 +240,11 @@ __global__ void merge_splits_kernel(const float* partials, int splits, int64_t n
       const float m = base[s * (head_dim + 2) + head_dim];
       if (m != -INFINITY) value += base[s * (head_dim + 2) + d] * expf(m - global_max);
     }
-    out[(row * num_heads + head) * head_dim + d] = __bfloat16_as_ushort(__float2bfloat16_rn(value * inv));
+    store_out(out + (row * num_heads + head) * head_dim + d, value * inv);
   }
 }
 
+template <KvDtype KV>
 __global__ void kv_write_kernel(AttentionBatch batch, int64_t kv_width, const float* k, const float* v,
                                 KvLayerCache cache) {
   const int64_t row = blockIdx.x;
@@ -215,35 +253,54 @@ __global__ void kv_write_kernel(AttentionBatch batch, int64_t kv_width, const fl
   if (block < 0) return;  // cannot happen for a new token; guards a bad table from scribbling
   const int64_t offset = (int64_t(block) * cache.block_size + pos % cache.block_size) * kv_width;
   for (int64_t i = threadIdx.x; i < kv_width; i += blockDim.x) {
-    cache.keys[offset + i] = __bfloat16_as_ushort(__float2bfloat16_rn(k[row * kv_width + i]));
-    cache.values[offset + i] = __bfloat16_as_ushort(__float2bfloat16_rn(v[row * kv_width + i]));
+    store_kv<KV>(cache.keys, offset + i, k[row * kv_width + i]);
+    store_kv<KV>(cache.values, offset + i, v[row * kv_width + i]);
   }
 }
 
-template <int D, int BQ>
+template <int D, int BQ, KvDtype KV, typename Out>
 void launch(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
-            uint16_t* out, float* partials, int splits, cudaStream_t stream) {
+            Out* out, float* partials, int splits, cudaStream_t stream) {
   const int group = int(shape.num_heads / shape.num_kv_heads);
   const int tiles_per_sequence = int(ceil_div(batch.max_new_tokens * group, BQ));
   const size_t smem = sizeof(float) * (BQ * (D + 1) + kKeysPerTile * (D + 1) + kKeysPerTile * D + BQ * (kKeysPerTile + 1));
   static bool configured = false;  // per template instance; the attribute is per kernel
   if (!configured) {
-    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<D, BQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    ANVIL_CUDA_CHECK(
+        cudaFuncSetAttribute(attention_kernel<D, BQ, KV, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured = true;
   }
   const dim3 grid(unsigned(batch.num_sequences * tiles_per_sequence), unsigned(shape.num_kv_heads), unsigned(splits));
-  attention_kernel<D, BQ><<<grid, kThreads, smem, stream>>>(batch, shape, q, cache, out, partials, splits, tiles_per_sequence);
+  attention_kernel<D, BQ, KV, Out>
+      <<<grid, kThreads, smem, stream>>>(batch, shape, q, cache, out, partials, splits, tiles_per_sequence);
   ANVIL_CUDA_LAUNCHED();
 }
 
-template <int D>
+template <int D, KvDtype KV, typename Out>
 void dispatch_tile(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
-                   uint16_t* out, float* partials, int splits, cudaStream_t stream) {
+                   Out* out, float* partials, int splits, cudaStream_t stream) {
   const int64_t group = shape.num_heads / shape.num_kv_heads;
   if (batch.max_new_tokens * group <= 16)
-    launch<D, 16>(batch, shape, q, cache, out, partials, splits, stream);
+    launch<D, 16, KV>(batch, shape, q, cache, out, partials, splits, stream);
   else
-    launch<D, 64>(batch, shape, q, cache, out, partials, splits, stream);
+    launch<D, 64, KV>(batch, shape, q, cache, out, partials, splits, stream);
+}
+
+// Only the pairs the models use are compiled: float32 output goes with the float32 cache (the
+// float32 compute mode), bf16 output with the bf16 and fp8 caches.
+template <int D, typename Out>
+void dispatch_kv(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
+                 Out* out, float* partials, int splits, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Out, float>) {
+    if (cache.dtype == KvDtype::F32) return dispatch_tile<D, KvDtype::F32>(batch, shape, q, cache, out, partials, splits, stream);
+  } else {
+    if (cache.dtype == KvDtype::BF16) return dispatch_tile<D, KvDtype::BF16>(batch, shape, q, cache, out, partials, splits, stream);
+    if (cache.dtype == KvDtype::FP8_E4M3)
+      return dispatch_tile<D, KvDtype::FP8_E4M3>(batch, shape, q, cache, out, partials, splits, stream);
+  }
+  throw_cuda_error(std::is_same_v<Out, float> ? "paged_attention: float32 output needs a float32 KV cache"
+                                              : "paged_attention: bf16 output needs a bf16 or fp8 KV cache",
+                   int(cudaErrorInvalidValue), __FILE__, __LINE__);
 }
 
 }  // namespace
@@ -255,14 +312,22 @@ size_t attention_workspace_bytes(int64_t max_rows, int64_t num_heads, int64_t he
 void kv_cache_write(const AttentionBatch& batch, const AttentionShape& shape, const float* k, const float* v,
                     const KvLayerCache& cache, Stream stream) {
   if (batch.num_rows == 0) return;
-  kv_write_kernel<<<unsigned(batch.num_rows), 128, 0, as_stream(stream)>>>(batch, shape.num_kv_heads * shape.head_dim, k,
-                                                                          v, cache);
+  const unsigned rows = unsigned(batch.num_rows);
+  const int64_t width = shape.num_kv_heads * shape.head_dim;
+  const cudaStream_t s = as_stream(stream);
+  switch (cache.dtype) {
+    case KvDtype::BF16: kv_write_kernel<KvDtype::BF16><<<rows, 128, 0, s>>>(batch, width, k, v, cache); break;
+    case KvDtype::F32: kv_write_kernel<KvDtype::F32><<<rows, 128, 0, s>>>(batch, width, k, v, cache); break;
+    case KvDtype::FP8_E4M3: kv_write_kernel<KvDtype::FP8_E4M3><<<rows, 128, 0, s>>>(batch, width, k, v, cache); break;
+  }
   ANVIL_CUDA_LAUNCHED();
 }
 
-void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
-                     const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,
-                     Stream stream) {
+namespace {
+
+template <typename Out>
+void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                          const KvLayerCache& cache, Out* out, void* workspace, size_t workspace_bytes, Stream stream) {
   if (batch.num_rows == 0) return;
   if (shape.num_kv_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0)
     throw_cuda_error("paged_attention: num_heads must be a multiple of num_kv_heads", int(cudaErrorInvalidValue), __FILE__, __LINE__);
@@ -285,9 +350,9 @@ void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, c
     splits = 1;
   const cudaStream_t s = as_stream(stream);
   switch (shape.head_dim) {
-    case 32: dispatch_tile<32>(batch, shape, q, cache, out, partials, splits, s); break;
-    case 64: dispatch_tile<64>(batch, shape, q, cache, out, partials, splits, s); break;
-    case 128: dispatch_tile<128>(batch, shape, q, cache, out, partials, splits, s); break;
+    case 32: dispatch_kv<32>(batch, shape, q, cache, out, partials, splits, s); break;
+    case 64: dispatch_kv<64>(batch, shape, q, cache, out, partials, splits, s); break;
+    case 128: dispatch_kv<128>(batch, shape, q, cache, out, partials, splits, s); break;
     default:
       throw_cuda_error("paged_attention: head_dim must be 32, 64 or 128", int(cudaErrorInvalidValue), __FILE__, __LINE__);
   }
@@ -296,6 +361,20 @@ void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, c
         partials, splits, shape.num_heads, int(shape.head_dim), shape.sinks, out);
     ANVIL_CUDA_LAUNCHED();
   }
+}
+
+}  // namespace
+
+void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                     const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,
+                     Stream stream) {
+  paged_attention_impl(batch, shape, q, cache, out, workspace, workspace_bytes, stream);
+}
+
+void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                     const KvLayerCache& cache, float* out, void* workspace, size_t workspace_bytes,
+                     Stream stream) {
+  paged_attention_impl(batch, shape, q, cache, out, workspace, workspace_bytes, stream);
 }
 
 }  // namespace anvil::cuda

@@ -97,13 +97,53 @@ __global__ void split_qkv_rope_kernel(const float* qkv, int64_t heads, int64_t k
   for (int64_t i = threadIdx.x; i < kv_heads * head_dim; i += blockDim.x) v[row * kv_heads * head_dim + i] = v_in[i];
 }
 
-__global__ void silu_mul_kernel(const float* gate_up, int64_t width, uint16_t* out) {
+// One block per row, one warp per head: RMSNorm of each q and k head (as the CPU's rms_norm:
+// mean of squares in float32, x * rsqrt(mean + eps) * weight), then the rotation; v is copied.
+__global__ void split_qkv_norm_rope_kernel(const float* qkv, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                           const float* q_norm, const float* k_norm, float eps,
+                                           const int32_t* positions, const float* inv_freq, float mscale, float* q,
+                                           float* k, float* v) {
+  extern __shared__ float normed[];  // [warps][head_dim]
+  const int64_t row = blockIdx.x, half = head_dim / 2;
+  const int64_t width = (heads + 2 * kv_heads) * head_dim;
+  const float* in = qkv + row * width;
+  const float position = float(positions[row]);
+  const int warps = int(blockDim.x / 32), warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+  float* mine = normed + warp * head_dim;
+  for (int64_t head = warp; head < heads + kv_heads; head += warps) {
+    const float* x = in + head * head_dim;
+    const float* weight = head < heads ? q_norm : k_norm;
+    float sum = 0.0f;
+    for (int64_t i = lane; i < head_dim; i += 32) sum += x[i] * x[i];
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float inv = rsqrtf(sum / float(head_dim) + eps);
+    for (int64_t i = lane; i < head_dim; i += 32) mine[i] = x[i] * inv * weight[i];
+    __syncwarp();
+    float* out = head < heads ? q + (row * heads + head) * head_dim : k + (row * kv_heads + head - heads) * head_dim;
+    for (int64_t j = lane; j < half; j += 32) {
+      const float angle = position * inv_freq[j];
+      const float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
+      const float a = mine[j], b = mine[j + half];
+      out[j] = a * c - b * s;
+      out[j + half] = b * c + a * s;
+    }
+    __syncwarp();
+  }
+  const float* v_in = in + (heads + kv_heads) * head_dim;
+  for (int64_t i = threadIdx.x; i < kv_heads * head_dim; i += blockDim.x) v[row * kv_heads * head_dim + i] = v_in[i];
+}
+
+__device__ __forceinline__ void store_activation(uint16_t* p, float value) { *p = float_to_bf16_bits(value); }
+__device__ __forceinline__ void store_activation(float* p, float value) { *p = value; }
+
+template <typename Out>
+__global__ void silu_mul_kernel(const float* gate_up, int64_t width, Out* out) {
   const int64_t row = blockIdx.x;
   const float* gate = gate_up + row * 2 * width;
   const float* up = gate + width;
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
     const float g = gate[i];
-    out[row * width + i] = float_to_bf16_bits(g / (1.0f + expf(-g)) * up[i]);
+    store_activation(out + row * width + i, g / (1.0f + expf(-g)) * up[i]);
   }
 }
 
@@ -224,6 +264,23 @@ void split_qkv_rope(const float* qkv, int64_t rows, int64_t heads, int64_t kv_he
 void silu_mul_to_bf16(const float* gate_up, int64_t rows, int64_t width, uint16_t* out, Stream stream) {
   if (rows == 0) return;
   silu_mul_kernel<<<unsigned(rows), threads_for(width), 0, as_stream(stream)>>>(gate_up, width, out);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void silu_mul_f32(const float* gate_up, int64_t rows, int64_t width, float* out, Stream stream) {
+  if (rows == 0) return;
+  silu_mul_kernel<<<unsigned(rows), threads_for(width), 0, as_stream(stream)>>>(gate_up, width, out);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void split_qkv_norm_rope(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                         const float* q_norm, const float* k_norm, float eps, const int32_t* positions,
+                         const float* inv_freq, float mscale, float* q, float* k, float* v, Stream stream) {
+  if (rows == 0) return;
+  constexpr int kWarps = 8;
+  split_qkv_norm_rope_kernel<<<unsigned(rows), 32 * kWarps, size_t(kWarps * head_dim) * sizeof(float),
+                               as_stream(stream)>>>(qkv, heads, kv_heads, head_dim, q_norm, k_norm, eps, positions,
+                                                    inv_freq, mscale, q, k, v);
   ANVIL_CUDA_LAUNCHED();
 }
 

@@ -52,6 +52,34 @@ size_t moe_mxfp4_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, i
 void moe_mxfp4(const MoeMxfp4Weights& weights, const uint16_t* h, int64_t m, int k, const int32_t* ids,
                const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream);
 
+// The same with float32 h, every intermediate float32 and each weight decoded exactly: the
+// float32 compute mode (moe_mxfp4_f32.cu). One warp per output on CUDA cores.
+size_t moe_mxfp4_f32_workspace_bytes(int64_t max_rows, int k, int64_t intermediate);
+void moe_mxfp4_f32(const MoeMxfp4Weights& weights, const float* h, int64_t m, int k, const int32_t* ids,
+                   const float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
+                   Stream stream);
+
+// ---- bf16 mixture of experts (moe_bf16.cu: Qwen3-MoE) ----
+
+struct MoeBf16Weights {
+  const uint16_t* gate_up = nullptr;  // [E, 2W, H]: per expert gate_proj rows, then up_proj rows
+  const uint16_t* down = nullptr;     // [E, H, W]
+  int64_t num_experts = 0, hidden = 0, intermediate = 0;
+};
+
+// Qwen3-MoE routing: softmax over all experts, the k most probable (ties to the lower index),
+// their probabilities renormalized to sum to 1 when `normalize` (norm_topk_prob).
+void moe_softmax_topk(const float* logits, int64_t m, int64_t num_experts, int k, bool normalize, int32_t* ids,
+                      float* weights, Stream stream);
+
+// residual[r] += Σ_j weights[r, j] · down_e(silu(gate_e · h[r]) ⊙ (up_e · h[r])), e = ids[r, j];
+// h float32 [m, H]. One warp per output value on CUDA cores, float32 throughout: exact enough for
+// the fixtures, and bandwidth-bound at decode; prefill re-reads each expert per token (a grouped
+// GEMM is the next step for long prompts).
+size_t moe_bf16_workspace_bytes(int64_t max_rows, int k, int64_t intermediate);
+void moe_bf16(const MoeBf16Weights& weights, const float* h, int64_t m, int k, const int32_t* ids,
+              const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream);
+
 // ---- small ops (ops.cu) ----
 
 // out[t] = float(table[ids[t]]) for a bf16 [vocab, dim] table.
@@ -78,8 +106,16 @@ void split_qkv_rope(const float* qkv, int64_t rows, int64_t heads, int64_t kv_he
                     const int32_t* positions, const float* inv_freq, float mscale, float* q, float* k, float* v,
                     Stream stream);
 
+// Qwen3's attention input: as split_qkv_rope, with every q and k head RMS-normalized (weights
+// [head_dim], float32) before its rotation.
+void split_qkv_norm_rope(const float* qkv, int64_t rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                         const float* q_norm, const float* k_norm, float eps, const int32_t* positions,
+                         const float* inv_freq, float mscale, float* q, float* k, float* v, Stream stream);
+
 // silu(gate) * up, float32 in, bf16 out (Qwen3 MLP): gate_up is [rows, 2*width] with gate first.
 void silu_mul_to_bf16(const float* gate_up, int64_t rows, int64_t width, uint16_t* out, Stream stream);
+// The same with float32 out (the float32 compute mode).
+void silu_mul_f32(const float* gate_up, int64_t rows, int64_t width, float* out, Stream stream);
 
 // out[i] = x[index[i]] for rows of dim floats (the rows that need logits).
 void gather_rows_f32(const float* x, const int32_t* index, int64_t n, int64_t dim, float* out, Stream stream);
@@ -106,11 +142,13 @@ struct AttentionBatch {
   const int32_t* row_position = nullptr;  // [num_rows]: absolute position
 };
 
-// The KV cache of one layer: [num_blocks, block_size, kv_heads, head_dim] bf16 for keys and values.
+// The KV cache of one layer: [num_blocks, block_size, kv_heads, head_dim] of `dtype` for keys and
+// values (fp8 with scale 1: values past ±448 saturate).
 struct KvLayerCache {
-  uint16_t* keys = nullptr;
-  uint16_t* values = nullptr;
+  void* keys = nullptr;
+  void* values = nullptr;
   int64_t block_size = 16;
+  KvDtype dtype = KvDtype::BF16;
 };
 
 struct AttentionShape {
@@ -126,11 +164,15 @@ void kv_cache_write(const AttentionBatch& batch, const AttentionShape& shape, co
                     const KvLayerCache& cache, Stream stream);
 
 // Causal attention of each row's query (float32 [rows, heads*head_dim]) over its sequence's
-// cached keys/values (the step's own tokens must already be written). Output bf16 [rows,
-// heads*head_dim]. workspace: attention_workspace_bytes(...) bytes for split-context partials.
+// cached keys/values (the step's own tokens must already be written). Output [rows,
+// heads*head_dim] in bf16 (feeds a bf16 matrix product) or float32 (the float32 compute mode).
+// workspace: attention_workspace_bytes(...) bytes for split-context partials.
 size_t attention_workspace_bytes(int64_t max_rows, int64_t num_heads, int64_t head_dim);
 void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
                      const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,
+                     Stream stream);
+void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                     const KvLayerCache& cache, float* out, void* workspace, size_t workspace_bytes,
                      Stream stream);
 
 // ---- dummy weights on the device (dummy_fill.cu) ----

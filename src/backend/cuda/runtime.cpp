@@ -25,6 +25,8 @@ bool compiled_in() { return true; }
 
 std::vector<std::string> compiled_targets() { return {ANVIL_CUDA_TARGET_LIST}; }
 
+int build_cuda_version() { return CUDART_VERSION; }
+
 std::vector<DeviceInfo> devices() {
   std::vector<DeviceInfo> found;
   int count = 0;
@@ -190,6 +192,89 @@ void host_free_pinned(void* pointer) {
 void check_last_error(const char* what) {
   const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) throw_cuda_error(what, int(status), __FILE__, __LINE__);
+}
+
+OwnedStream::OwnedStream() {
+  cudaStream_t stream;
+  RT_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  stream_ = stream;
+}
+
+OwnedStream::~OwnedStream() { cudaStreamDestroy(static_cast<cudaStream_t>(stream_)); }
+
+StreamGraph::~StreamGraph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+}
+
+void StreamGraph::begin_capture(Stream stream) {
+  // Thread-local mode: other threads' CUDA calls (another model, the allocator) do not join or
+  // break this capture.
+  RT_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(stream), cudaStreamCaptureModeThreadLocal));
+}
+
+void StreamGraph::end_capture(Stream stream) {
+  cudaGraph_t graph = nullptr;
+  RT_CHECK(cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (status != cudaSuccess) throw_cuda_error("cudaGraphInstantiate", int(status), __FILE__, __LINE__);
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  exec_ = exec;
+}
+
+void StreamGraph::abort_capture(Stream stream) {
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // the failed capture's status is not the next call's business
+}
+
+void StreamGraph::reset() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  exec_ = nullptr;
+}
+
+void StreamGraph::launch(Stream stream) const {
+  RT_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream)));
+}
+
+StreamMarks::~StreamMarks() {
+  for (auto& mark : marks_) spare_.push_back(mark.second);
+  for (void* event : spare_) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void StreamMarks::record(const char* name) {
+  if (!enabled_) return;
+  void* event = nullptr;
+  if (spare_.empty()) {
+    cudaEvent_t created;
+    RT_CHECK(cudaEventCreate(&created));
+    event = created;
+  } else {
+    event = spare_.back();
+    spare_.pop_back();
+  }
+  RT_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream_)));
+  marks_.emplace_back(name, event);
+}
+
+std::vector<std::pair<std::string, double>> StreamMarks::times() {
+  RT_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  std::vector<std::pair<std::string, double>> totals;
+  for (size_t i = 1; i < marks_.size(); ++i) {
+    float ms = 0;
+    RT_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(marks_[i - 1].second),
+                                  static_cast<cudaEvent_t>(marks_[i].second)));
+    const std::string name = marks_[i].first;
+    auto found = std::find_if(totals.begin(), totals.end(), [&](const auto& t) { return t.first == name; });
+    if (found == totals.end())
+      totals.emplace_back(name, double(ms));
+    else
+      found->second += double(ms);
+  }
+  for (auto& mark : marks_) spare_.push_back(mark.second);
+  marks_.clear();
+  return totals;
 }
 
 EventTimer::EventTimer(Stream stream) : stream_(stream) {

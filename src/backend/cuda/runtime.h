@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace anvil::cuda {
@@ -12,10 +13,23 @@ namespace anvil::cuda {
 // An opaque cudaStream_t; nullptr is the legacy default stream.
 using Stream = void*;
 
+// Element type of a KV cache on the device. BF16 is the default; F32 keeps the cache exact (the
+// float32 compute mode); FP8_E4M3 halves it again (scale 1, saturating, as vLLM without scales).
+enum class KvDtype { BF16, F32, FP8_E4M3 };
+inline size_t kv_dtype_bytes(KvDtype dtype) {
+  return dtype == KvDtype::F32 ? 4 : dtype == KvDtype::BF16 ? 2 : 1;
+}
+inline const char* kv_dtype_name(KvDtype dtype) {
+  return dtype == KvDtype::F32 ? "float32" : dtype == KvDtype::BF16 ? "bfloat16" : "fp8_e4m3";
+}
+
 // True when this binary carries CUDA kernels.
 bool compiled_in();
 // The targets compiled ahead of time, as given to the build ("sm_90a", "compute_80", ...).
 std::vector<std::string> compiled_targets();
+// The CUDA version this binary was built with (CUDART_VERSION, e.g. 13000); 0 without CUDA.
+// The driver must support at least this version.
+int build_cuda_version();
 
 struct DeviceInfo {
   int index = 0;
@@ -100,6 +114,64 @@ class DeviceBuffer {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// A stream of its own that does not wait on the legacy default stream: graph capture needs one,
+// and a model's work on it does not serialize with other streams.
+class OwnedStream {
+ public:
+  OwnedStream();
+  ~OwnedStream();
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  Stream get() const { return stream_; }
+
+ private:
+  Stream stream_ = nullptr;
+};
+
+// Work captured from one stream and replayed with one launch (a CUDA graph): a decode step's few
+// hundred small kernels cost one launch instead of one each. Replays use the kernel arguments and
+// buffers of the capture, so callers key graphs by everything those depend on.
+class StreamGraph {
+ public:
+  StreamGraph() = default;
+  ~StreamGraph();
+  StreamGraph(const StreamGraph&) = delete;
+  StreamGraph& operator=(const StreamGraph&) = delete;
+  // Everything enqueued on `stream` between the two calls is captured, not run. end_capture
+  // instantiates it; abort_capture (after an exception) leaves the stream usable again.
+  static void begin_capture(Stream stream);
+  void end_capture(Stream stream);
+  static void abort_capture(Stream stream);
+  void launch(Stream stream) const;
+  bool ready() const { return exec_ != nullptr; }
+  void reset();
+
+ private:
+  void* exec_ = nullptr;
+};
+
+// Named device events along one stream, for a per-operation time breakdown of a step without a
+// profiler (none runs on every machine): record() after each operation, then times() gives the
+// milliseconds between consecutive marks, summed per name. Recording is off until enable().
+class StreamMarks {
+ public:
+  explicit StreamMarks(Stream stream) : stream_(stream) {}
+  ~StreamMarks();
+  StreamMarks(const StreamMarks&) = delete;
+  StreamMarks& operator=(const StreamMarks&) = delete;
+  void enable(bool on) { enabled_ = on; }
+  bool enabled() const { return enabled_; }
+  void record(const char* name);
+  // Waits for the stream, returns (name, total ms) in first-seen order, and clears the marks.
+  std::vector<std::pair<std::string, double>> times();
+
+ private:
+  Stream stream_;
+  bool enabled_ = false;
+  std::vector<std::pair<const char*, void*>> marks_;
+  std::vector<void*> spare_;
 };
 
 // Timing with device events around a region on one stream (milliseconds).

@@ -12,6 +12,7 @@ namespace {
 
 bool compiled_in() { return false; }
 std::vector<std::string> compiled_targets() { return {}; }
+int build_cuda_version() { return 0; }
 std::vector<DeviceInfo> devices() { return {}; }
 std::string unavailable_reason() { return "this anvil was built without CUDA"; }
 const std::vector<ArchKernels>& kernel_table() {
@@ -36,6 +37,17 @@ void host_free_pinned(void* pointer) {
   if (pointer) no_cuda();
 }
 void check_last_error(const char*) {}
+OwnedStream::OwnedStream() { no_cuda(); }
+OwnedStream::~OwnedStream() = default;
+StreamGraph::~StreamGraph() = default;
+void StreamGraph::begin_capture(Stream) { no_cuda(); }
+void StreamGraph::end_capture(Stream) { no_cuda(); }
+void StreamGraph::abort_capture(Stream) {}
+void StreamGraph::launch(Stream) const { no_cuda(); }
+void StreamGraph::reset() {}
+StreamMarks::~StreamMarks() = default;
+void StreamMarks::record(const char*) {}
+std::vector<std::pair<std::string, double>> StreamMarks::times() { return {}; }
 EventTimer::EventTimer(Stream stream) : stream_(stream) { no_cuda(); }
 EventTimer::~EventTimer() = default;
 void EventTimer::start() { no_cuda(); }

@@ -1,0 +1,110 @@
+// gpt-oss experts with float32 activations, for the float32 compute mode (`--dtype float32`).
+//
+// The bf16 path rounds the expert input and the SwiGLU output to bf16 before each matrix product;
+// on a model as sensitive as a tiny random one that alone moves logits by most of a unit. Here
+// every value stays float32 and each weight is decoded exactly (E2M1 × 2^(scale-127)), so the
+// result differs from the CPU's float32 reference only by summation order. One warp per output
+// value on CUDA cores: correct at any size, fast at none, which the mode accepts.
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/mxfp4_common.cuh"
+#include "backend/cuda/ops.h"
+
+namespace anvil::cuda {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+__device__ const float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// Σ_i row[i] · x[i] for one MXFP4 row of `in` weights; every lane of the warp gets the sum.
+__device__ float mxfp4_row_dot(const float* lut, const uint8_t* blocks, const uint8_t* scales, const float* x,
+                               int64_t in) {
+  const int lane = threadIdx.x % 32;
+  float sum = 0.0f;
+  for (int64_t b = lane; b < in / 32; b += 32) {
+    const uint8_t* codes = blocks + b * 16;
+    const float* xb = x + b * 32;
+    float block = 0.0f;
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t byte = codes[i];
+      block = fmaf(lut[byte & 15u], xb[2 * i], block);
+      block = fmaf(lut[byte >> 4], xb[2 * i + 1], block);
+    }
+    // A power of two: the product is exact unless it leaves float32's range.
+    sum = fmaf(block, ldexpf(1.0f, int(scales[b]) - 127), sum);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  return sum;
+}
+
+// act[(r, slot), j] = swiglu(gate_j, up_j) for output j of the chosen expert; gate and up are the
+// interleaved rows 2j and 2j+1 of gate_up.
+__global__ void gate_up_kernel(MoeMxfp4Weights w, const float* h, int k, const int32_t* ids, float* act) {
+  __shared__ float lut[16];
+  if (threadIdx.x < 16) lut[threadIdx.x] = kE2M1[threadIdx.x];
+  __syncthreads();
+  const int64_t assignment = blockIdx.y;  // r * k + slot
+  const int64_t j = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (j >= w.intermediate) return;
+  const int64_t expert = ids[assignment], row = assignment / k, blocks_per_row = w.hidden / 32;
+  const float* x = h + row * w.hidden;
+  const int64_t gate_row = expert * 2 * w.intermediate + 2 * j;
+  const float gate = mxfp4_row_dot(lut, w.gate_up_blocks + gate_row * blocks_per_row * 16,
+                                   w.gate_up_scales + gate_row * blocks_per_row, x, w.hidden) +
+                     w.gate_up_bias[gate_row];
+  const float up = mxfp4_row_dot(lut, w.gate_up_blocks + (gate_row + 1) * blocks_per_row * 16,
+                                 w.gate_up_scales + (gate_row + 1) * blocks_per_row, x, w.hidden) +
+                   w.gate_up_bias[gate_row + 1];
+  if (threadIdx.x % 32 == 0)
+    act[assignment * w.intermediate + j] = mxfp4::swiglu_oai(gate, up, w.swiglu_limit, w.swiglu_alpha);
+}
+
+// residual[r, i] += Σ_slot weight · (down_e[i] · act[(r, slot)] + b2_e[i]), slots in order, so the
+// sum is the same on every run.
+__global__ void down_kernel(MoeMxfp4Weights w, int k, const int32_t* ids, const float* route_weights, const float* act,
+                            float* residual) {
+  __shared__ float lut[16];
+  if (threadIdx.x < 16) lut[threadIdx.x] = kE2M1[threadIdx.x];
+  __syncthreads();
+  const int64_t row = blockIdx.y;
+  const int64_t i = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (i >= w.hidden) return;
+  const int64_t blocks_per_row = w.intermediate / 32;
+  float total = 0.0f;
+  for (int slot = 0; slot < k; ++slot) {
+    const int64_t assignment = row * k + slot, expert = ids[assignment];
+    const int64_t down_row = expert * w.hidden + i;
+    const float y = mxfp4_row_dot(lut, w.down_blocks + down_row * blocks_per_row * 16,
+                                  w.down_scales + down_row * blocks_per_row, act + assignment * w.intermediate,
+                                  w.intermediate) +
+                    w.down_bias[down_row];
+    total = fmaf(route_weights[assignment], y, total);
+  }
+  if (threadIdx.x % 32 == 0) residual[row * w.hidden + i] += total;
+}
+
+}  // namespace
+
+size_t moe_mxfp4_f32_workspace_bytes(int64_t max_rows, int k, int64_t intermediate) {
+  return size_t(max_rows * k * intermediate) * sizeof(float);
+}
+
+void moe_mxfp4_f32(const MoeMxfp4Weights& weights, const float* h, int64_t m, int k, const int32_t* ids,
+                   const float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
+                   Stream stream) {
+  if (m == 0) return;
+  if (workspace_bytes < moe_mxfp4_f32_workspace_bytes(m, k, weights.intermediate))
+    throw_cuda_error("moe_mxfp4_f32: workspace too small", int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  float* act = static_cast<float*>(workspace);
+  const cudaStream_t s = as_stream(stream);
+  const dim3 gate_grid(unsigned(ceil_div(weights.intermediate, kWarpsPerBlock)), unsigned(m * k));
+  gate_up_kernel<<<gate_grid, 32 * kWarpsPerBlock, 0, s>>>(weights, h, k, ids, act);
+  ANVIL_CUDA_LAUNCHED();
+  const dim3 down_grid(unsigned(ceil_div(weights.hidden, kWarpsPerBlock)), unsigned(m));
+  down_kernel<<<down_grid, 32 * kWarpsPerBlock, 0, s>>>(weights, k, ids, route_weights, act, residual);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+}  // namespace anvil::cuda
