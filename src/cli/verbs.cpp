@@ -11,6 +11,7 @@ void register_verbs(CLI::App& app) {
   register_serve(app);
   register_bench_gpu(app);
   register_doctor(app);
+  register_rig(app);
 }
 
 }  // namespace anvil::cli

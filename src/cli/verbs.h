@@ -14,5 +14,6 @@ void register_bench_cpu(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_bench_gpu(CLI::App& app);
 void register_doctor(CLI::App& app);
+void register_rig(CLI::App& app);
 
 }  // namespace anvil::cli
