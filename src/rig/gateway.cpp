@@ -30,9 +30,10 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(server::dump_json(server::error_body(status, message, param)), "application/json");
 }
 
-// One proxied response on its way from the backend to the client. The upstream thread pushes
-// each chunk as the backend sends it; the client's content provider pops and writes it at once.
-// A slow client holds the backend back (bounded buffer) instead of the rig buffering without end.
+// One proxied response on its way from the backend to the client. Until the client's content
+// provider runs, the upstream thread queues chunks (bounded: a slow client holds the backend
+// back); once it runs, the provider hands its sink over and sleeps, and the upstream thread
+// writes each chunk straight to the client as it arrives: no second hand-off per token.
 struct Pipe {
   std::mutex mutex;
   std::condition_variable changed;
@@ -43,6 +44,7 @@ struct Pipe {
   size_t buffered = 0;
   bool finished = false;
   bool cancelled = false;  // the client went away: stop reading from the backend
+  httplib::DataSink* sink = nullptr;  // set while the provider waits for the upstream thread
   std::string error;
   static constexpr size_t kMaxBuffered = size_t(4) << 20;
 };
@@ -212,8 +214,20 @@ void Gateway::Impl::proxy(const httplib::Request& req, httplib::Response& res) {
   };
   upstream->content_receiver = [pipe](const char* data, size_t length, uint64_t, uint64_t) {
     std::unique_lock lock(pipe->mutex);
-    pipe->changed.wait(lock, [&] { return pipe->cancelled || pipe->buffered < Pipe::kMaxBuffered; });
+    if (pipe->sink && !pipe->cancelled) {
+      if (pipe->sink->write(data, length)) return true;
+      pipe->cancelled = true;
+      pipe->changed.notify_all();
+      return false;
+    }
+    pipe->changed.wait(lock, [&] { return pipe->cancelled || pipe->sink || pipe->buffered < Pipe::kMaxBuffered; });
     if (pipe->cancelled) return false;
+    if (pipe->sink) {
+      if (pipe->sink->write(data, length)) return true;
+      pipe->cancelled = true;
+      pipe->changed.notify_all();
+      return false;
+    }
     pipe->chunks.emplace_back(data, length);
     pipe->buffered += length;
     pipe->changed.notify_all();
@@ -260,7 +274,6 @@ void Gateway::Impl::proxy(const httplib::Request& req, httplib::Response& res) {
       content_type,
       [pipe](size_t, httplib::DataSink& sink) {
         std::unique_lock guard(pipe->mutex);
-        pipe->changed.wait(guard, [&] { return !pipe->chunks.empty() || pipe->finished; });
         while (!pipe->chunks.empty()) {
           const std::string chunk = std::move(pipe->chunks.front());
           pipe->chunks.pop_front();
@@ -275,7 +288,15 @@ void Gateway::Impl::proxy(const httplib::Request& req, httplib::Response& res) {
           }
           guard.lock();
         }
-        if (pipe->finished) sink.done();
+        if (!pipe->finished) {
+          // The backlog is out (checked under the lock), so from here the upstream thread writes.
+          pipe->sink = &sink;
+          pipe->changed.notify_all();
+          pipe->changed.wait(guard, [&] { return pipe->finished || pipe->cancelled; });
+          pipe->sink = nullptr;
+          if (pipe->cancelled) return false;
+        }
+        sink.done();
         return true;
       },
       [pipe](bool success) {
