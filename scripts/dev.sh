@@ -11,7 +11,6 @@ PACKAGES=(build-essential cmake pkg-config git ca-certificates
   nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libpcre2-dev libfmt-dev libspdlog-dev
   zlib1g-dev libyaml-cpp-dev libutf8proc-dev libsqlite3-dev)
 JOBS=${JOBS:-$(nproc)}
-FIXTURES=${ANVIL_FIXTURES:-../shared/fixtures}
 
 install_packages() {
   local missing=()
@@ -36,22 +35,6 @@ build() {  # build DIR [cmake args...]
   cmake --build "$dir" -j "$JOBS"
 }
 
-demo_model() {
-  # A random-weight gpt-oss with the real o200k_harmony tokenizer, until a trained demo model
-  # ships (issue 5). Its text is gibberish by design; the plumbing is real.
-  local out=build/demo-model
-  if [ ! -f "$out/model.safetensors" ]; then
-    local tokenizer="$FIXTURES/o200k_harmony/tokenizer.json.gz"
-    if [ ! -f "$tokenizer" ]; then
-      echo "error: $tokenizer not found (set ANVIL_FIXTURES to the shared fixtures folder)" >&2
-      exit 1
-    fi
-    mkdir -p "$out"
-    gzip -dc "$tokenizer" >"$out/tokenizer.json"
-    ./build/anvil init-demo --out "$out" --tokenizer "$out/tokenizer.json"
-  fi
-}
-
 case "${1:-}" in
   build)
     install_packages
@@ -60,9 +43,9 @@ case "${1:-}" in
   demo)
     install_packages
     build build
-    demo_model
+    # A 24M-parameter gpt-oss trained on man pages, shipped in the repo (models/demo/README.md).
     echo "serving the demo model on http://127.0.0.1:${PORT:-8000}/v1 (Ctrl-C stops it)"
-    exec ./build/anvil serve build/demo-model --served-model-name demo --port "${PORT:-8000}"
+    exec ./build/anvil serve models/demo --served-model-name demo --port "${PORT:-8000}"
     ;;
   test)
     install_packages

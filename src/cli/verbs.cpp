@@ -11,6 +11,8 @@ void register_verbs(CLI::App& app) {
   register_serve(app);
   register_bench_gpu(app);
   register_doctor(app);
+  register_perplexity(app);
+  register_chat(app);
   register_rig(app);
 }
 
