@@ -183,11 +183,12 @@ TEST(RigE2E, GroupSwapLetsTheInFlightRequestFinish) {
   ASSERT_EQ(answer.status, 200) << answer.body << rig.log();
   EXPECT_EQ(answer.json["model"], "qwen");
 
-  EXPECT_EQ(rig.backend("tiny")["state"], "stopped");
-  EXPECT_EQ(rig.backend("qwen")["state"], "ready");
+  EXPECT_EQ(rig.backend("tiny")["state"], "stopped") << rig.get("/running").body << rig.log();
+  EXPECT_EQ(rig.backend("qwen")["state"], "ready") << rig.get("/running").body;
   EXPECT_EQ(rig.backend("qwen")["swaps"], 1);
   // Whether the swap overlapped the stream is what this test is about; say if it did not.
-  EXPECT_TRUE(still_running) << "tiny finished 3000 tokens before the swap began; the drain was not exercised";
+  EXPECT_TRUE(still_running) << "tiny finished 3000 tokens before the swap began; the drain was not exercised: "
+                             << during.dump();
   EXPECT_NE(rig.log().find("draining tiny (1 in flight) for qwen"), std::string::npos) << rig.log();
 
   // And back: tiny's request swaps qwen out again.
