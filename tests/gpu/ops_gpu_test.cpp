@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -266,6 +267,31 @@ TEST(CudaOps, RmsNormRopeAndArgmaxMatchTheCpu) {
   cuda::DeviceBuffer d_ids(3 * 4);
   cuda::argmax_rows(d_logits.get<float>(), 3, 201088, d_ids.get<int32_t>(), nullptr);
   EXPECT_EQ(to_host<int32_t>(d_ids, 3), (std::vector<int32_t>{1000, 201087, 5}));
+}
+
+// Router-sized and lm_head-like shapes, rows not a multiple of the kernel's row group.
+TEST(CudaOps, LinearWithFloat32InputMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(21);
+  for (const auto [m, out, in] : {std::array<int64_t, 3>{1, 32, 2880}, {5, 300, 64}, {9, 7, 1000}}) {
+    const auto x = random_values(size_t(m * in), rng);
+    const auto w = random_values(size_t(out * in), rng, 1.0f, true);
+    const auto bias = random_values(size_t(out), rng);
+    std::vector<uint16_t> w_bits(w.size());
+    for (size_t i = 0; i < w.size(); ++i) w_bits[i] = f32_to_bf16(w[i]);
+    std::vector<float> want(size_t(m * out));
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        double sum = bias[size_t(o)];
+        for (int64_t i = 0; i < in; ++i) sum += double(x[size_t(r * in + i)]) * double(w[size_t(o * in + i)]);
+        want[size_t(r * out + o)] = float(sum);
+      }
+    const auto d_x = to_device(x), d_w = to_device(w_bits), d_bias = to_device(bias);
+    cuda::DeviceBuffer d_y(size_t(m * out) * sizeof(float));
+    cuda::linear_f32_input(d_w.get<uint16_t>(), d_bias.get<float>(), d_x.get<float>(), m, out, in, d_y.get<float>(),
+                           nullptr);
+    EXPECT_LT(relative_error(to_host<float>(d_y, size_t(m * out)), want), 1e-6) << m << "x" << out << "x" << in;
+  }
 }
 
 TEST(CudaOps, DummyWeightsEqualTheCpuDummyWeights) {
