@@ -113,6 +113,39 @@ void bench_linear(benchmark::State& state, WeightFormat format, anvil::Mxfp4Acti
   state.SetLabel(anvil::cpu_kernel_isa());
 }
 
+// Matrix-vector over `copies` distinct layers of the same shape in turn, so that (with enough
+// copies to overflow the last-level cache) every weight byte comes from DRAM, as in decode,
+// where each layer's weights are read once per token. The single-layer benchmarks above reuse
+// one layer that partly stays in cache. Reports per layer.
+void bench_linear_dram(benchmark::State& state, WeightFormat format, anvil::Mxfp4Activations mode, int64_t out,
+                       int64_t in, int copies, int threads) {
+  anvil::set_mxfp4_activations(mode);
+  std::vector<std::unique_ptr<Layer>> layers;
+  for (int i = 0; i < copies; ++i) layers.push_back(std::make_unique<Layer>(format, out, in));
+  uint64_t seed = 12345;
+  std::vector<float> x(static_cast<size_t>(in));
+  for (auto& v : x) v = float(next_random(seed) >> 40) / float(1 << 23) - 1.0f;
+  std::vector<float> y(static_cast<size_t>(out));
+  ThreadPool& pool = pool_of(threads);
+  const double copy_gbps = copy_bandwidth_gbps();
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    for (const auto& layer : layers) {
+      anvil::linear_forward(layer->weight, x.data(), 1, y.data(), pool);
+      benchmark::DoNotOptimize(y.data());
+    }
+    benchmark::ClobberMemory();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double bytes = double(layers[0]->weight.weight_bytes()) * copies;
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(bytes));
+  state.counters["us_per_layer"] = benchmark::Counter(seconds * 1e6 / double(copies) / double(state.iterations()));
+  if (copy_gbps > 0.0 && seconds > 0.0) {
+    state.counters["pct_copy_bw"] = 100.0 * bytes * double(state.iterations()) / seconds / (copy_gbps * 1e9);
+  }
+  state.SetLabel(anvil::cpu_kernel_isa());
+}
+
 void bench_copy_bandwidth(benchmark::State& state, int threads) {
   double gbps = 0.0;
   for (auto _ : state) gbps = anvil::measure_copy_bandwidth_gbps(pool_of(threads));
@@ -150,6 +183,18 @@ void register_benchmarks() {
   const Kernel kernels[] = {{WeightFormat::BF16, anvil::Mxfp4Activations::Float32, "BF16"},
                             {WeightFormat::MXFP4, anvil::Mxfp4Activations::Float32, "MXFP4-f32"},
                             {WeightFormat::MXFP4, anvil::Mxfp4Activations::Int8, "MXFP4-int8"}};
+  // 8 layers of 5760x2880: 70 MB of MXFP4, 265 MB of bf16, well past an 8 MiB L3.
+  constexpr int kDramCopies = 8;
+  for (const Kernel& kernel : kernels) {
+    for (int threads : {1, 2}) {
+      const std::string name = "matvec_dram/" + kernel.name + "/5760x2880x" + std::to_string(kDramCopies) +
+                               "/threads:" + std::to_string(threads);
+      benchmark::RegisterBenchmark(name.c_str(), bench_linear_dram, kernel.format, kernel.mode, int64_t(5760),
+                                   int64_t(2880), kDramCopies, threads)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
   for (const Kernel& kernel : kernels) {
     for (Shape shape : {Shape{5760, 2880}, Shape{2880, 2880}}) {
       for (int64_t tokens : {1, 8, 64}) {

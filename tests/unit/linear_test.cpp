@@ -255,8 +255,8 @@ TEST(Linear, MatchesReferenceOnSmallShapes) {
 }
 
 TEST(LinearMxfp4, MatchesReferenceWithWideScales) {
-  // Block scales the kernels' scaled lookup table cannot take (it covers 2^-13..2^13): first
-  // nearly every row has some, then about one block in 28, so row groups of both kinds occur.
+  // Block scales far from 2^0 (2^-27..2^26), which an fp16 lookup table could not hold (it
+  // covered 2^-13..2^13): first nearly every row has some, then about one block in 28.
   for_each_mode(WeightFormat::MXFP4, [] {
     check_against_reference(WeightFormat::MXFP4, {37, 320}, {1, 2, 3, 5, 8, 9, 23}, true, 77, {}, 100, 54);
     check_against_reference(WeightFormat::MXFP4, {37, 320}, {1, 2, 3, 5, 8, 9, 23}, true, 78, {}, 113, 28);
@@ -454,7 +454,7 @@ TEST(LinearMxfp4, KernelsPickEachElementWithItsScale) {
   // units of 2^-149 where the product is subnormal).
   for_each_mode(WeightFormat::MXFP4, [] {
     const bool exact = mxfp4_activations() == Mxfp4Activations::Float32;
-    for (const auto& scales : {std::pair<uint8_t, uint8_t>{127, 129}, {1, 140}, {0, 130}, {100, 126}}) {
+    for (const auto& scales : {std::pair<uint8_t, uint8_t>{127, 129}, {1, 140}, {0, 130}, {100, 126}, {252, 2}}) {
       HandBuiltMxfp4 layer(scales.first, scales.second);
       for (int64_t tokens : {64, 3, 1}) {
         std::vector<float> x(size_t(tokens * 64), 0.0f);
