@@ -40,9 +40,10 @@ namespace {
 //
 // Why not fp16 and vcvtph2ps (the previous decoder): on Zen 1 vcvtph2ps occupies the FMA pipes
 // for two cycles per 8 weights, as long as the FMA itself takes, while the shuffles, shifts and
-// logic this decoder uses run beside the FMAs. Measured on one Zen 1 core, 4 rows x 2880 columns
-// L2-resident, 1 token: 11.4 cycles per 32-weight block per row, against 16.3 before (see
-// docs/perf/cpu.md).
+// logic this decoder uses run beside the FMAs. Measured on one Zen 1 core, 1 token, cycles per
+// 32-weight block per row: 9.9-11.8 against 13.0 with 64 rows x 2880 L2-resident; 12.0 against
+// 17.2 streaming from DRAM, with the prefetch of mxfp4_one_token (13.1 for the old decoder with
+// it). See docs/perf/cpu.md.
 //
 // The entries are the reference's weights kFp4E2M1Values[code] * e8m0_to_f32(s), bit for bit:
 // sign and zero as given, overflow (s = 254, |v| >= 2) to infinity, s = 255 (an infinite scale)
