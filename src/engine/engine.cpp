@@ -36,6 +36,14 @@ struct Sequence {
   int64_t generated() const { return int64_t(tokens.size()) - prompt_length; }
 };
 
+}  // namespace
+
+size_t gpu_activation_reserve_bytes(int64_t max_num_batched_tokens) {
+  return (size_t(1) << 30) + size_t(std::max<int64_t>(max_num_batched_tokens, 0)) * (size_t(1) << 16);
+}
+
+namespace {
+
 // Blocks for each KV group out of a byte budget. Sliding-window groups need only their window
 // per running sequence plus one step's chunk; full-attention groups get everything else, and at
 // least half the budget (sliding groups past that preempt like any other shortage).
@@ -44,7 +52,7 @@ std::vector<int64_t> split_kv_budget(const KvLayout& layout, EngineConfig config
   if (layout.device == KvDevice::Cuda && !config.kv_cache_bytes_set) {
     // Leave room for one step's activations and logits beside the weights already loaded.
     const size_t total = cuda::device_total_memory(), used = total - cuda::device_free_memory();
-    const size_t reserve = (size_t(1) << 30) + size_t(config.max_num_batched_tokens) * (size_t(1) << 16);
+    const size_t reserve = gpu_activation_reserve_bytes(config.max_num_batched_tokens);
     const double allowed = double(total) * config.gpu_memory_utilization;
     if (allowed <= double(used + reserve))
       fail("--gpu-memory-utilization {} leaves no room for a KV cache: {:.1f} GiB of {:.1f} GiB are in use after "

@@ -4,6 +4,7 @@
 // together), runs the model once, samples, and reports new tokens through each request's
 // callback. A cancelled request stops at the next step and its blocks are freed.
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,6 +32,11 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   int64_t max_waiting = 1024;  // queue bound; submit() fails beyond it
 };
+
+// Device memory the engine leaves free beside the weights and the KV cache for one step's
+// activations, logits and workspaces: 1 GiB plus 64 KiB per token of the step's batch. `anvil
+// plan` sizes the KV cache with the same figure.
+size_t gpu_activation_reserve_bytes(int64_t max_num_batched_tokens);
 
 struct RequestParams {
   std::vector<int32_t> prompt_ids;

@@ -56,13 +56,20 @@ struct Parsed {
   std::map<std::string, std::string> metadata;
 };
 
-Parsed parse_header(const std::string& file, const uint8_t* bytes, uint64_t file_size) {
+uint64_t header_length(const std::string& file, const uint8_t* first8, uint64_t file_size) {
   uint64_t header_size;
-  std::memcpy(&header_size, bytes, sizeof header_size);
+  std::memcpy(&header_size, first8, sizeof header_size);
   if (header_size > file_size - 8) {
     fail("{}: header length {} is larger than the file ({} bytes)", file, header_size, file_size);
   }
-  const char* header_begin = reinterpret_cast<const char*>(bytes + 8);
+  return header_size;
+}
+
+// `header_begin` holds the header's JSON (`header_size` bytes); the data section follows it in
+// the file and is `data_size` bytes long. `data` is where that section is mapped, or null when
+// only the header was read (the views then carry no data).
+Parsed parse_header(const std::string& file, const char* header_begin, uint64_t header_size, const uint8_t* data,
+                    uint64_t data_size) {
   json header;
   try {
     header = json::parse(header_begin, header_begin + header_size);
@@ -73,8 +80,6 @@ Parsed parse_header(const std::string& file, const uint8_t* bytes, uint64_t file
     fail("{}: safetensors header must be a JSON object, got {}", file, header.type_name());
   }
 
-  const uint8_t* data = bytes + 8 + header_size;
-  const uint64_t data_size = file_size - 8 - header_size;
   Parsed parsed;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
@@ -139,7 +144,7 @@ Parsed parse_header(const std::string& file, const uint8_t* bytes, uint64_t file
       fail("{}: tensor '{}': shape {} of {} needs {} bytes but data_offsets [{}, {}] span {} bytes", file,
            name, shape_string(view.shape), dtype_text, nbytes, begin, end, end - begin);
     }
-    view.data = data + begin;
+    view.data = data ? data + begin : nullptr;
     parsed.tensors.emplace(name, std::move(view));
   }
   return parsed;
@@ -176,7 +181,10 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
   // with header parsing and the caller's conversion work. Advice only, so a failure is harmless.
   ::madvise(mapping_, mapping_size_, MADV_WILLNEED);
   try {
-    Parsed parsed = parse_header(file, static_cast<const uint8_t*>(mapping_), file_size);
+    const auto* bytes = static_cast<const uint8_t*>(mapping_);
+    const uint64_t header_size = header_length(file, bytes, file_size);
+    Parsed parsed = parse_header(file, reinterpret_cast<const char*>(bytes + 8), header_size, bytes + 8 + header_size,
+                                 file_size - 8 - header_size);
     tensors_ = std::move(parsed.tensors);
     metadata_ = std::move(parsed.metadata);
   } catch (...) {
@@ -202,6 +210,35 @@ std::vector<std::string> SafetensorsFile::names() const {
   result.reserve(tensors_.size());
   for (const auto& entry : tensors_) result.push_back(entry.first);
   return result;
+}
+
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
+  const std::string file = path.string();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail("cannot open {}: No such file or directory", file);
+  if (!std::filesystem::is_regular_file(path, ec)) fail("cannot open {}: not a regular file", file);
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  if (ec) fail("cannot stat {}: {}", file, ec.message());
+  if (file_size < 8)
+    fail("{}: file is {} bytes, too short for a safetensors header (needs at least 8)", file, file_size);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open {}: {}", file, std::strerror(errno));
+  uint8_t first8[8];
+  in.read(reinterpret_cast<char*>(first8), sizeof first8);
+  if (!in) fail("cannot read {}", file);
+  const uint64_t header_size = header_length(file, first8, file_size);
+  // The format caps headers at 100 MB; a larger length is a corrupt or hostile file, and reading
+  // it whole would be a memory hazard.
+  if (header_size > (uint64_t(100) << 20)) fail("{}: header length {} exceeds the 100 MB limit", file, header_size);
+  std::string text(header_size, '\0');
+  in.read(text.data(), std::streamsize(header_size));
+  if (!in) fail("cannot read the header of {}", file);
+  Parsed parsed = parse_header(file, text.data(), header_size, nullptr, file_size - 8 - header_size);
+  SafetensorsHeader header;
+  header.file_size = file_size;
+  header.tensors = std::move(parsed.tensors);
+  header.metadata = std::move(parsed.metadata);
+  return header;
 }
 
 Checkpoint::Checkpoint(const std::filesystem::path& model_dir) : dir_(model_dir) {

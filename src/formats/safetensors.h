@@ -34,6 +34,16 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// The header of one .safetensors file, read and validated as SafetensorsFile does (ranges
+// included, against the file's size) without mapping or reading the tensor data: the views
+// carry dtype and shape, and a null data pointer.
+struct SafetensorsHeader {
+  uint64_t file_size = 0;
+  std::map<std::string, TensorView> tensors;
+  std::map<std::string, std::string> metadata;
+};
+SafetensorsHeader read_safetensors_header(const std::filesystem::path& path);
+
 // All tensors of a checkpoint directory: model.safetensors, or the shards named by
 // model.safetensors.index.json (never guessed from file names).
 class Checkpoint {
