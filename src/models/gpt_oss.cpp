@@ -209,11 +209,9 @@ class GptOss : public Model {
     float* q = run.arena.get<float>(2, rows * q_width);
     float* qkv = run.arena.get<float>(15, rows * qkv_width);
     float* h_f32 = run.arena.get<float>(16, rows * hidden);
-    float* k = run.arena.get<float>(3, rows * kv_width);
-    float* v = run.arena.get<float>(4, rows * kv_width);
     uint16_t* attn = exact ? nullptr : run.arena.get<uint16_t>(5, rows * q_width);
     float* attn_f32 = exact ? run.arena.get<float>(18, rows * q_width) : nullptr;
-    float* projected = run.arena.get<float>(6, rows * hidden);
+    float* projected = exact ? run.arena.get<float>(6, rows * hidden) : nullptr;
     float* router_logits = run.arena.get<float>(7, rows * experts);
     int32_t* expert_ids = run.arena.get<int32_t>(8, rows * top_k);
     float* expert_weights = run.arena.get<float>(9, rows * top_k);
@@ -237,16 +235,19 @@ class GptOss : public Model {
 
     cuda::embedding_bf16(g.embed_tokens, run.step.tokens, rows, hidden, x, stream);
     run.marks.record("embedding");
+    // In bf16 mode each layer's input norm (h) is made by the previous layer's MoE combine; the
+    // first layer's here.
+    if (!exact) cuda::rms_norm_to_bf16(x, rows, hidden, g.layers[0].input_norm, eps, h, stream);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const GptOssCudaLayer& layer = g.layers[size_t(l)];
       const int group = kv_layout_.layer_group[size_t(l)];
       const int64_t slot = kv_layout_.layer_slot[size_t(l)];
 
-      normed_linear(x, layer.input_norm, layer.qkv_proj, layer.qkv_bias, qkv_width, qkv);
+      if (exact)
+        normed_linear(x, layer.input_norm, layer.qkv_proj, layer.qkv_bias, qkv_width, qkv);
+      else
+        cuda::linear_bf16(layer.qkv_proj, layer.qkv_bias, h, rows, qkv_width, hidden, qkv, stream);
       run.marks.record("norm + qkv");
-      cuda::split_qkv_rope(qkv, rows, c.num_heads, c.num_kv_heads, head_dim, run.step.positions, g.inv_freq,
-                           rope_.attention_scale(), q, k, v, stream);
-      run.marks.record("rope");
       cuda::AttentionShape shape;
       shape.num_heads = c.num_heads;
       shape.num_kv_heads = c.num_kv_heads;
@@ -258,25 +259,29 @@ class GptOss : public Model {
       const cuda::KvLayerCache cache{storage.device_keys(slot), storage.device_values(slot), storage.shape().block_size,
                                      storage.shape().dtype};
       const cuda::AttentionBatch& view = run.step.groups[size_t(group)];
-      cuda::kv_cache_write(view, shape, k, v, cache, stream);
-      run.marks.record("kv write");
+      // RoPE on q and k, k and v straight into the cache.
+      cuda::split_qkv_rope_to_cache(qkv, view, shape, run.step.positions, g.inv_freq, rope_.attention_scale(), q,
+                                    cache, stream);
+      run.marks.record("rope + kv write");
       if (exact) {
         cuda::paged_attention(view, shape, q, cache, attn_f32, attention_workspace, attention_bytes, stream);
         run.marks.record(shape.sliding_window ? "attention (sliding)" : "attention (full)");
         cuda::linear_f32_input(layer.o_proj, layer.o_bias, attn_f32, rows, hidden, q_width, projected, stream);
+        cuda::add_inplace(x, projected, rows * hidden, stream);
       } else {
         cuda::paged_attention(view, shape, q, cache, attn, attention_workspace, attention_bytes, stream);
         run.marks.record(shape.sliding_window ? "attention (sliding)" : "attention (full)");
-        cuda::linear_bf16(layer.o_proj, layer.o_bias, attn, rows, hidden, q_width, projected, stream);
+        cuda::linear_bf16_add(layer.o_proj, layer.o_bias, attn, rows, hidden, q_width, x, stream);
       }
-      run.marks.record("o_proj");
-      cuda::add_inplace(x, projected, rows * hidden, stream);
-      run.marks.record("residual add");
+      run.marks.record("o_proj + residual");
 
       // The router sees the float32 norm output even in bf16 mode: routing is a discrete choice,
       // and a bf16-rounded input can flip a near-tie between experts, a large error for that token.
-      cuda::rms_norm_f32(x, rows, hidden, layer.post_attention_norm, eps, h_f32, stream);
-      run.marks.record("norm (router)");
+      if (exact)
+        cuda::rms_norm_f32(x, rows, hidden, layer.post_attention_norm, eps, h_f32, stream);
+      else
+        cuda::rms_norm_dual(x, rows, hidden, layer.post_attention_norm, eps, h_f32, h, stream);
+      run.marks.record("norm");
       cuda::linear_f32_input(layer.router, layer.router_bias, h_f32, rows, experts, hidden, router_logits, stream);
       run.marks.record("router");
       cuda::moe_topk_softmax(router_logits, rows, experts, int(top_k), expert_ids, expert_weights, stream);
@@ -285,10 +290,10 @@ class GptOss : public Model {
         cuda::moe_mxfp4_f32(layer.experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace,
                             moe_bytes, stream);
       } else {
-        cuda::rms_norm_to_bf16(x, rows, hidden, layer.post_attention_norm, eps, h, stream);
-        run.marks.record("norm (experts)");
+        // The combine also makes the next layer's input norm into h (which the experts are done with).
+        cuda::NextNorm next{l + 1 < c.num_layers ? g.layers[size_t(l + 1)].input_norm : nullptr, eps, h};
         cuda::moe_mxfp4(layer.experts, h, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace, moe_bytes,
-                        stream);
+                        stream, l + 1 < c.num_layers ? &next : nullptr);
       }
       run.marks.record("experts");
     }

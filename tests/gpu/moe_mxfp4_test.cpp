@@ -6,6 +6,8 @@
 // and scales above 128. The gpt-oss-20b shapes print their speed (informational only).
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -236,6 +238,33 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
   const double rel = std::sqrt(err / norm);
   // The GPU rounds the SwiGLU activations to bf16 (the CPU keeps float32): ~1e-3.
   EXPECT_LT(rel, 1e-2) << "relative error " << rel;
+
+  {
+    // With the next layer's norm fused into the combine: the same residual bit for bit, and h
+    // (overwritten in place, as the model does) holding rms_norm(residual) in bf16.
+    std::vector<float> norm_weight(size_t(s.hidden));
+    for (auto& v : norm_weight) v = 0.5f + rng.uniform();
+    auto d_norm = upload(norm_weight), d_residual2 = upload(residual), d_h2 = upload(h);
+    cuda::memset_device(workspace.get(), 0xff, ws_bytes);
+    const cuda::NextNorm next{d_norm.get<float>(), 1e-5f, d_h2.get<uint16_t>()};
+    cuda::moe_mxfp4(weights, d_h2.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+                    d_residual2.get<float>(), workspace.get(), ws_bytes, nullptr, &next);
+    const auto out2 = download<float>(d_residual2, residual.size());
+    const auto normed = download<uint16_t>(d_h2, h.size());
+    EXPECT_EQ(std::memcmp(out2.data(), out.data(), out.size() * sizeof(float)), 0) << "residual differs with next_norm";
+    double worst = 0.0;
+    for (int64_t r = 0; r < m; ++r) {
+      double squares = 0.0;
+      for (int64_t i = 0; i < s.hidden; ++i) squares += double(out[size_t(r * s.hidden + i)]) * out[size_t(r * s.hidden + i)];
+      const double inv = 1.0 / std::sqrt(squares / double(s.hidden) + 1e-5);
+      for (int64_t i = 0; i < s.hidden; ++i) {
+        const double want = double(out[size_t(r * s.hidden + i)]) * inv * norm_weight[size_t(i)];
+        const double got = bf16_to_f32(normed[size_t(r * s.hidden + i)]);
+        worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-3));
+      }
+    }
+    EXPECT_LT(worst, 1.0 / 128) << "fused next-layer norm, worst relative error";  // bf16 rounds at 2^-9
+  }
 
   if (options.timing_runs > 0) {
     for (int i = 0; i < 3; ++i)

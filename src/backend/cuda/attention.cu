@@ -258,6 +258,45 @@ __global__ void kv_write_kernel(AttentionBatch batch, int64_t kv_width, const fl
   }
 }
 
+// One block per (row, head of q|k|v), one thread per rotated pair, as split_qkv_rope_kernel in
+// ops.cu (same float32 angle and precise cos/sin, so q and k get the same values); the k and v
+// heads are stored into the cache at the row's position instead of float buffers.
+template <KvDtype KV>
+__global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch batch, int64_t heads, int64_t kv_heads,
+                                            int64_t head_dim, const int32_t* positions, const float* inv_freq,
+                                            float mscale, float* q, KvLayerCache cache) {
+  const int64_t row = blockIdx.x, head = blockIdx.y, half = head_dim / 2;
+  const float* in = qkv + (row * (heads + 2 * kv_heads) + head) * head_dim;
+  int64_t slot = 0;  // first element of this row's key (and value) vectors in the cache
+  if (head >= heads) {
+    const int seq = batch.row_sequence[row], pos = batch.row_position[row];
+    const int block = batch.block_tables[int64_t(seq) * batch.max_blocks + pos / cache.block_size];
+    if (block < 0) return;  // as kv_write_kernel: a bad table never scribbles
+    slot = (int64_t(block) * cache.block_size + pos % cache.block_size) * kv_heads * head_dim;
+  }
+  if (head >= heads + kv_heads) {
+    const int64_t offset = slot + (head - heads - kv_heads) * head_dim;
+    for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) store_kv<KV>(cache.values, offset + i, in[i]);
+    return;
+  }
+  const float position = float(positions[row]);
+  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+    const float angle = position * inv_freq[j];
+    const float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
+    const float x0 = in[j], x1 = in[j + half];
+    const float r0 = x0 * c - x1 * s, r1 = x1 * c + x0 * s;
+    if (head < heads) {
+      float* out = q + (row * heads + head) * head_dim;
+      out[j] = r0;
+      out[j + half] = r1;
+    } else {
+      const int64_t offset = slot + (head - heads) * head_dim;
+      store_kv<KV>(cache.keys, offset + j, r0);
+      store_kv<KV>(cache.keys, offset + j + half, r1);
+    }
+  }
+}
+
 template <int D, int BQ, KvDtype KV, typename Out>
 void launch(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
             Out* out, float* partials, int splits, cudaStream_t stream) {
@@ -319,6 +358,31 @@ void kv_cache_write(const AttentionBatch& batch, const AttentionShape& shape, co
     case KvDtype::BF16: kv_write_kernel<KvDtype::BF16><<<rows, 128, 0, s>>>(batch, width, k, v, cache); break;
     case KvDtype::F32: kv_write_kernel<KvDtype::F32><<<rows, 128, 0, s>>>(batch, width, k, v, cache); break;
     case KvDtype::FP8_E4M3: kv_write_kernel<KvDtype::FP8_E4M3><<<rows, 128, 0, s>>>(batch, width, k, v, cache); break;
+  }
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void split_qkv_rope_to_cache(const float* qkv, const AttentionBatch& batch, const AttentionShape& shape,
+                             const int32_t* positions, const float* inv_freq, float mscale, float* q,
+                             const KvLayerCache& cache, Stream stream) {
+  if (batch.num_rows == 0) return;
+  const dim3 grid(unsigned(batch.num_rows), unsigned(shape.num_heads + 2 * shape.num_kv_heads));
+  const unsigned threads = unsigned(std::min<int64_t>(128, std::max<int64_t>(32, shape.head_dim / 2)));
+  const cudaStream_t s = as_stream(stream);
+  const int64_t heads = shape.num_heads, kv_heads = shape.num_kv_heads, dim = shape.head_dim;
+  switch (cache.dtype) {
+    case KvDtype::BF16:
+      split_qkv_rope_cache_kernel<KvDtype::BF16><<<grid, threads, 0, s>>>(qkv, batch, heads, kv_heads, dim, positions,
+                                                                          inv_freq, mscale, q, cache);
+      break;
+    case KvDtype::F32:
+      split_qkv_rope_cache_kernel<KvDtype::F32><<<grid, threads, 0, s>>>(qkv, batch, heads, kv_heads, dim, positions,
+                                                                         inv_freq, mscale, q, cache);
+      break;
+    case KvDtype::FP8_E4M3:
+      split_qkv_rope_cache_kernel<KvDtype::FP8_E4M3><<<grid, threads, 0, s>>>(qkv, batch, heads, kv_heads, dim,
+                                                                              positions, inv_freq, mscale, q, cache);
+      break;
   }
   ANVIL_CUDA_LAUNCHED();
 }

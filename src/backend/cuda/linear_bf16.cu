@@ -28,7 +28,8 @@ using namespace gemm;
 // Lane (g, t) loads 16 bytes of rows g and g+8 at k = 32c + 8t: those 8 consecutive k are
 // assigned to two m16n8k16 products (4 each), and the token side loads the same 8 k of token g.
 // Partial sums meet in shared memory in a fixed order, so results do not depend on timing.
-constexpr int kGemvWarps = 8;
+// 8 warps per block, or 4 when 8-warp blocks would make a little more than one wave (gpt-oss's
+// fused qkv: 320 blocks for 264 slots on an H200); 4-warp blocks fit 4 per SM, one wave.
 // Weight chunks in flight per warp, as a ring of registers refilled every step: loads leave in
 // a steady stream instead of bursts, which is what keeps small layers (a few MB, latency-bound)
 // near bandwidth. Token rows (L1/L2-resident) are fetched one chunk ahead.
@@ -37,10 +38,11 @@ constexpr int kGemvDepth = kTokenTiles >= 2 ? 4 : 6;
 
 // Two blocks (16 warps) per SM keep enough loads in flight; the 128-register cap that implies is
 // met without spills.
-template <int kTokenTiles>
-__global__ void __launch_bounds__(kGemvWarps * 32, 2)
+template <int kTokenTiles, int kGemvWarps>
+__global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
     gemv_bf16_kernel(const uint16_t* __restrict__ weight, const float* __restrict__ bias,
-                     const uint16_t* __restrict__ x, int m, int out, int in, float* __restrict__ y) {
+                     const uint16_t* __restrict__ x, int m, int out, int in, float* __restrict__ y,
+                     bool accumulate) {
   constexpr int kDepth = kGemvDepth<kTokenTiles>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -110,7 +112,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     const int n = i / 128, l = (i / 4) % 32, j = i % 4;
     const int64_t row = row0 + l / 4 + (j >= 2 ? 8 : 0);
     const int token = n * 8 + 2 * (l % 4) + (j & 1);
-    if (row < out && token < m) y[int64_t(token) * out + row] = sum + (bias != nullptr ? bias[row] : 0.0f);
+    if (row < out && token < m) {
+      float* dst = y + int64_t(token) * out + row;
+      const float value = sum + (bias != nullptr ? bias[row] : 0.0f);
+      *dst = accumulate ? *dst + value : value;
+    }
   }
 }
 
@@ -135,7 +141,8 @@ struct GemmConfig {
 template <typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     gemm_bf16_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ weight,
-                     const float* __restrict__ bias, int m, int out, int in, float* __restrict__ y) {
+                     const float* __restrict__ bias, int m, int out, int in, float* __restrict__ y,
+                     bool accumulate) {
   constexpr int kBM = Cfg::kBM, kBN = Cfg::kBN, kWarpsN = Cfg::kWarpsN, kGemmStages = Cfg::kStages;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint16_t* smem = reinterpret_cast<uint16_t*>(smem_raw);
@@ -248,12 +255,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         const int64_t row = m0 + warp_m * Cfg::kWarpM + mt * 16 + g + half * 8;
         if (row >= m) continue;
         float* dst = y + row * out + col;
-        const float v0 = acc[mt][nt][2 * half] + b0, v1 = acc[mt][nt][2 * half + 1] + b1;
+        float v0 = acc[mt][nt][2 * half] + b0, v1 = acc[mt][nt][2 * half + 1] + b1;
         if (pairs && second) {
-          *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+          float2* dst2 = reinterpret_cast<float2*>(dst);
+          if (accumulate) {
+            const float2 old = *dst2;
+            v0 = old.x + v0;
+            v1 = old.y + v1;
+          }
+          *dst2 = make_float2(v0, v1);
         } else {
-          dst[0] = v0;
-          if (second) dst[1] = v1;
+          dst[0] = accumulate ? dst[0] + v0 : v0;
+          if (second) dst[1] = accumulate ? dst[1] + v1 : v1;
         }
       }
     }
@@ -265,7 +278,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 // cannot take (in % 8 != 0 or pointers not 16-byte aligned); no model anvil loads needs it.
 __global__ void linear_bf16_generic_kernel(const uint16_t* __restrict__ weight, const float* __restrict__ bias,
                                            const uint16_t* __restrict__ x, int64_t out, int64_t in,
-                                           float* __restrict__ y) {
+                                           float* __restrict__ y, bool accumulate) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int64_t token = blockIdx.y;
   const int lane = threadIdx.x % 32;
@@ -275,14 +288,30 @@ __global__ void linear_bf16_generic_kernel(const uint16_t* __restrict__ weight, 
   float sum = 0.0f;
   for (int64_t i = lane; i < in; i += 32) sum += __bfloat162float(w[i]) * __bfloat162float(xv[i]);
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) y[token * out + row] = sum + (bias != nullptr ? bias[row] : 0.0f);
+  if (lane == 0) {
+    const float value = sum + (bias != nullptr ? bias[row] : 0.0f);
+    y[token * out + row] = accumulate ? y[token * out + row] + value : value;
+  }
+}
+
+int multiprocessors() {
+  int device = 0, count = 0;
+  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
+  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
 }
 
 template <int kTokenTiles>
 void launch_gemv(const uint16_t* weight, const float* bias, const uint16_t* x, int m, int out, int in, float* y,
-                 cudaStream_t stream) {
-  gemv_bf16_kernel<kTokenTiles><<<unsigned(ceil_div(out, 16)), kGemvWarps * 32, 0, stream>>>(weight, bias, x, m,
-                                                                                             out, in, y);
+                 bool accumulate, cudaStream_t stream) {
+  const int64_t blocks = ceil_div(out, 16), sms = multiprocessors();
+  if (blocks > 2 * sms && blocks <= 4 * sms) {
+    gemv_bf16_kernel<kTokenTiles, 4><<<unsigned(blocks), 4 * 32, 0, stream>>>(weight, bias, x, m, out, in, y,
+                                                                             accumulate);
+  } else {
+    gemv_bf16_kernel<kTokenTiles, 8><<<unsigned(blocks), 8 * 32, 0, stream>>>(weight, bias, x, m, out, in, y,
+                                                                             accumulate);
+  }
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -303,26 +332,22 @@ void allow_smem(size_t bytes) {
 
 template <int kBM, int kBN, int kWarpsM, int kWarpsN, int kStages = 4, int kMinBlocks = 1>
 void launch_gemm(const uint16_t* weight, const float* bias, const uint16_t* x, int m, int out, int in, float* y,
-                 cudaStream_t stream) {
+                 bool accumulate, cudaStream_t stream) {
   using Cfg = GemmConfig<kBM, kBN, kWarpsM, kWarpsN, kStages, kMinBlocks>;
   constexpr auto kernel = gemm_bf16_kernel<Cfg>;
   allow_smem<kernel>(Cfg::kSmemBytes);
   const dim3 grid(unsigned(ceil_div(m, kBM)), unsigned(ceil_div(out, kBN)));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(x, weight, bias, m, out, in, y);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(x, weight, bias, m, out, in, y, accumulate);
   ANVIL_CUDA_LAUNCHED();
 }
 
-int multiprocessors() {
-  int device = 0, count = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
-  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
 
 }  // namespace
 
-void linear_bf16(const uint16_t* weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
-                 int64_t in_features, float* y, Stream stream) {
+namespace {
+
+void linear_bf16_impl(const uint16_t* weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
+                      int64_t in_features, float* y, bool accumulate, Stream stream) {
   if (m < 0 || out_features < 0 || in_features <= 0) invalid("linear_bf16: negative or empty shape");
   if (m == 0 || out_features == 0) return;
   if (m > INT32_MAX || out_features > INT32_MAX || in_features > INT32_MAX || out_features > (int64_t(1) << 30))
@@ -335,14 +360,15 @@ void linear_bf16(const uint16_t* weight, const float* bias, const uint16_t* x, i
   if (!aligned) {
     for (int64_t first = 0; first < m; first += 65535) {  // grid.y limit
       const dim3 grid(unsigned(ceil_div(out, 8)), unsigned(std::min<int64_t>(65535, m - first)));
-      linear_bf16_generic_kernel<<<grid, 256, 0, s>>>(weight, bias, x + first * in, out, in, y + first * out);
+      linear_bf16_generic_kernel<<<grid, 256, 0, s>>>(weight, bias, x + first * in, out, in, y + first * out,
+                                                      accumulate);
       ANVIL_CUDA_LAUNCHED();
     }
     return;
   }
-  if (m <= 8) return launch_gemv<1>(weight, bias, x, mi, out, in, y, s);
-  if (m <= 16) return launch_gemv<2>(weight, bias, x, mi, out, in, y, s);
-  if (m <= 32) return launch_gemv<4>(weight, bias, x, mi, out, in, y, s);
+  if (m <= 8) return launch_gemv<1>(weight, bias, x, mi, out, in, y, accumulate, s);
+  if (m <= 16) return launch_gemv<2>(weight, bias, x, mi, out, in, y, accumulate, s);
+  if (m <= 32) return launch_gemv<4>(weight, bias, x, mi, out, in, y, accumulate, s);
   // Tile shape by how well the grid fills the GPU (measured on an H200, m = 2048: 128x128 reaches
   // 305-340 TFLOP/s when its blocks make near-whole waves, 128x64 wins when they would not,
   // 64x64 when even 128x64 leaves SMs idle).
@@ -350,9 +376,21 @@ void linear_bf16(const uint16_t* weight, const float* bias, const uint16_t* x, i
   const int64_t big_tiles = ceil_div(m, 128) * ceil_div(out, 128), big_slots = 2 * sms;
   const int64_t big_waves = ceil_div(big_tiles, big_slots);
   if (big_tiles >= sms && big_tiles * 5 >= big_waves * big_slots * 4)
-    return launch_gemm<128, 128, 2, 4, 3, 2>(weight, bias, x, mi, out, in, y, s);
-  if (ceil_div(m, 128) * ceil_div(out, 64) >= 2 * sms) return launch_gemm<128, 64, 2, 2, 4, 2>(weight, bias, x, mi, out, in, y, s);
-  launch_gemm<64, 64, 2, 2, 4, 1>(weight, bias, x, mi, out, in, y, s);
+    return launch_gemm<128, 128, 2, 4, 3, 2>(weight, bias, x, mi, out, in, y, accumulate, s);
+  if (ceil_div(m, 128) * ceil_div(out, 64) >= 2 * sms) return launch_gemm<128, 64, 2, 2, 4, 2>(weight, bias, x, mi, out, in, y, accumulate, s);
+  launch_gemm<64, 64, 2, 2, 4, 1>(weight, bias, x, mi, out, in, y, accumulate, s);
+}
+
+}  // namespace
+
+void linear_bf16(const uint16_t* weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
+                 int64_t in_features, float* y, Stream stream) {
+  linear_bf16_impl(weight, bias, x, m, out_features, in_features, y, false, stream);
+}
+
+void linear_bf16_add(const uint16_t* weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
+                     int64_t in_features, float* y, Stream stream) {
+  linear_bf16_impl(weight, bias, x, m, out_features, in_features, y, true, stream);
 }
 
 }  // namespace anvil::cuda

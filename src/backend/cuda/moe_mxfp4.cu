@@ -193,18 +193,23 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 
 // residual[row] += Σ_j weight[row, j] · y[row * k + j], j in order; y already holds the down bias.
 // One block per row; the row's ids and weights are read once into shared memory, so each thread
-// then has a single round of independent loads (batch 1 is latency, not bandwidth).
+// then has a single round of independent loads (batch 1 is latency, not bandwidth). With
+// norm_out, the block then RMS-normalizes the finished row into norm_out (the next layer's
+// input), from the values it just wrote: one launch and one read of the row fewer per layer.
 __global__ void __launch_bounds__(1024)
     moe_combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
                        const float* __restrict__ route_weights, int k, int num_experts, int hidden,
-                       float* __restrict__ residual) {
+                       float* __restrict__ residual, const float* __restrict__ norm_weight, float eps,
+                       uint16_t* __restrict__ norm_out) {
   __shared__ float weight[32];  // k <= 32 is checked by the launcher; invalid ids weigh 0
+  __shared__ float warp_sums[32];
   const int64_t row = blockIdx.x;
   if (threadIdx.x < k) {
     const int e = ids[row * k + threadIdx.x];
     weight[threadIdx.x] = e >= 0 && e < num_experts ? route_weights[row * k + threadIdx.x] : 0.0f;
   }
   __syncthreads();
+  float squares = 0.0f;
   for (int i = threadIdx.x * 4; i < hidden; i += blockDim.x * 4) {
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int j = 0; j < k; ++j) {
@@ -223,6 +228,25 @@ __global__ void __launch_bounds__(1024)
     value.z += acc.z;
     value.w += acc.w;
     *dst = value;
+    squares += value.x * value.x + value.y * value.y + value.z * value.z + value.w * value.w;
+  }
+  if (norm_out == nullptr) return;  // uniform over the block
+  for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) warp_sums[warp] = squares;
+  __syncthreads();
+  float total = lane < warps ? warp_sums[lane] : 0.0f;
+  for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+  const float inv = rsqrtf(total / float(hidden) + eps);
+  // Each thread rereads only the values it stored itself.
+  for (int i = threadIdx.x * 4; i < hidden; i += blockDim.x * 4) {
+    const float4 value = *reinterpret_cast<const float4*>(residual + row * hidden + i);
+    const float4 w = *reinterpret_cast<const float4*>(norm_weight + i);
+    uint16_t* out = norm_out + row * hidden + i;
+    out[0] = mxfp4::to_bf16_bits(value.x * inv * w.x);
+    out[1] = mxfp4::to_bf16_bits(value.y * inv * w.y);
+    out[2] = mxfp4::to_bf16_bits(value.z * inv * w.z);
+    out[3] = mxfp4::to_bf16_bits(value.w * inv * w.w);
   }
 }
 
@@ -369,7 +393,8 @@ size_t moe_mxfp4_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, i
 }
 
 void moe_mxfp4(const MoeMxfp4Weights& w, const uint16_t* h, int64_t m, int k, const int32_t* ids,
-               const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream) {
+               const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream,
+               const NextNorm* next_norm) {
   const int64_t E = w.num_experts, H = w.hidden, I = w.intermediate;
   if (E < 1 || E > kMaxExperts) invalid("moe_mxfp4: 1..256 experts");
   if (H < 32 || I < 32 || H % 32 != 0 || I % 32 != 0) invalid("moe_mxfp4: hidden and intermediate must be multiples of 32");
@@ -456,7 +481,13 @@ void moe_mxfp4(const MoeMxfp4Weights& w, const uint16_t* h, int64_t m, int k, co
   }
 
   const int combine_threads = int(std::min<int64_t>(1024, ceil_div(H / 4, 32) * 32));
-  moe_combine_kernel<<<unsigned(m), combine_threads, 0, s>>>(y, ids, route_weights, k, int(E), int(H), residual);
+  const bool norm = next_norm != nullptr && next_norm->out != nullptr;
+  if (norm && (!next_norm->weight || !aligned16(next_norm->weight)))
+    invalid("moe_mxfp4: next_norm needs a 16-byte aligned weight");
+  moe_combine_kernel<<<unsigned(m), combine_threads, 0, s>>>(y, ids, route_weights, k, int(E), int(H), residual,
+                                                             norm ? next_norm->weight : nullptr,
+                                                             norm ? next_norm->eps : 0.0f,
+                                                             norm ? next_norm->out : nullptr);
   ANVIL_CUDA_LAUNCHED();
 }
 

@@ -53,6 +53,22 @@ __global__ void rms_norm_kernel(const float* x, int64_t dim, const float* weight
   }
 }
 
+// rms_norm_kernel writing both roundings; same summation order, so each output equals the
+// single-output kernel's.
+__global__ void rms_norm_dual_kernel(const float* x, int64_t dim, const float* weight, float eps, float* out_f32,
+                                     uint16_t* out_bf16) {
+  const int64_t row = blockIdx.x;
+  const float* in = x + row * dim;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += in[i] * in[i];
+  const float inv = rsqrtf(block_sum(sum) / float(dim) + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float value = in[i] * inv * weight[i];
+    out_f32[row * dim + i] = value;
+    out_bf16[row * dim + i] = float_to_bf16_bits(value);
+  }
+}
+
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
@@ -152,18 +168,45 @@ __global__ void silu_mul_kernel(const float* gate_up, int64_t width, Out* out) {
 }
 
 // One block per row: each thread keeps its best (value, index), then a tree over the block.
-// Ties go to the lower index, as the CPU sampler's argmax.
+// Ties go to the lower index, as the CPU sampler's argmax. Rows whose start is 16-byte aligned
+// are read as float4, four loads in flight per thread (one float per thread and step left the
+// 201k-entry gpt-oss row latency-bound: 78 us per step on an H200 under ncu).
 __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) {
   const float* row = logits + int64_t(blockIdx.x) * vocab;
   float best = -FLT_MAX;
   int32_t best_index = 0x7fffffff;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float value = row[i];
+  auto consider = [&](float value, int64_t i) {
     if (value > best) {  // strictly greater: a thread's own earlier index wins ties
       best = value;
       best_index = int32_t(i);
     }
+  };
+  int64_t done = 0;
+  if ((reinterpret_cast<uintptr_t>(row) & 15u) == 0) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    const int64_t quads = vocab / 4;
+    constexpr int kUnroll = 4;
+    // A thread visits its quads in increasing order, so "strictly greater" keeps ties low.
+    for (int64_t base = threadIdx.x; base < quads; base += int64_t(blockDim.x) * kUnroll) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t qi = base + int64_t(u) * blockDim.x;
+        v[u] = qi < quads ? __ldg(row4 + qi) : make_float4(-FLT_MAX, -FLT_MAX, -FLT_MAX, -FLT_MAX);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t qi = base + int64_t(u) * blockDim.x;
+        if (qi >= quads) break;
+        consider(v[u].x, 4 * qi);
+        consider(v[u].y, 4 * qi + 1);
+        consider(v[u].z, 4 * qi + 2);
+        consider(v[u].w, 4 * qi + 3);
+      }
+    }
+    done = quads * 4;
   }
+  for (int64_t i = done + threadIdx.x; i < vocab; i += blockDim.x) consider(row[i], i);
   for (int offset = 16; offset > 0; offset /= 2) {
     const float other = __shfl_xor_sync(0xffffffffu, best, offset);
     const int32_t other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
@@ -214,7 +257,41 @@ __global__ void linear_f32_input_kernel(const uint16_t* weight, const float* bia
   const int rows = int(m - row0 < kLinearRows ? m - row0 : kLinearRows);
   const uint16_t* w = weight + out * in_features;
   float sum[kLinearRows] = {};
-  for (int64_t i = threadIdx.x; i < in_features; i += kLinearThreads) {
+  // 16-byte loads (8 weights, two float4 of each row's input) when everything is aligned: the
+  // router's 2880 inputs are then 2.8 loads per thread instead of 22 dependent scalar rounds.
+  const bool vector = in_features % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0 &&
+                      (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+  int64_t tail = 0;
+  if (vector) {
+    for (int64_t i8 = threadIdx.x; i8 < in_features / 8; i8 += kLinearThreads) {
+      const uint4 packed = __ldg(reinterpret_cast<const uint4*>(w) + i8);
+      const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+      float wf[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        wf[2 * j] = __uint_as_float(words[j] << 16);
+        wf[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+      }
+#pragma unroll
+      for (int r = 0; r < kLinearRows; ++r) {
+        if (r >= rows) break;
+        const float4* xr = reinterpret_cast<const float4*>(x + (row0 + r) * in_features) + 2 * i8;
+        const float4 a = xr[0], b = xr[1];
+        float acc = sum[r];
+        acc = fmaf(a.x, wf[0], acc);
+        acc = fmaf(a.y, wf[1], acc);
+        acc = fmaf(a.z, wf[2], acc);
+        acc = fmaf(a.w, wf[3], acc);
+        acc = fmaf(b.x, wf[4], acc);
+        acc = fmaf(b.y, wf[5], acc);
+        acc = fmaf(b.z, wf[6], acc);
+        acc = fmaf(b.w, wf[7], acc);
+        sum[r] = acc;
+      }
+    }
+    tail = in_features;
+  }
+  for (int64_t i = tail + threadIdx.x; i < in_features; i += kLinearThreads) {
     const float wi = bf16_bits_to_float(w[i]);
 #pragma unroll
     for (int r = 0; r < kLinearRows; ++r)
@@ -250,6 +327,14 @@ void rms_norm_to_bf16(const float* x, int64_t rows, int64_t dim, const float* we
                       Stream stream) {
   if (rows == 0) return;
   rms_norm_kernel<true><<<unsigned(rows), threads_for(dim), 0, as_stream(stream)>>>(x, dim, weight, eps, out);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void rms_norm_dual(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* out_f32,
+                   uint16_t* out_bf16, Stream stream) {
+  if (rows == 0) return;
+  rms_norm_dual_kernel<<<unsigned(rows), threads_for(dim), 0, as_stream(stream)>>>(x, dim, weight, eps, out_f32,
+                                                                                  out_bf16);
   ANVIL_CUDA_LAUNCHED();
 }
 

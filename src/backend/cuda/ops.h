@@ -17,6 +17,12 @@ namespace anvil::cuda {
 void linear_bf16(const uint16_t* weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
                  int64_t in_features, float* y, Stream stream);
 
+// y[m, out] += x[m, in] · W[out, in]ᵀ + bias: the same product added into y (a residual stream),
+// saving the separate add and its pass over y. Each element is y + (x·w + bias), as add_inplace
+// after linear_bf16 would compute it.
+void linear_bf16_add(const uint16_t* weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
+                     int64_t in_features, float* y, Stream stream);
+
 // y[m, out] = x[m, in] · W[out, in]ᵀ + bias with float32 x: for small layers whose outputs make
 // discrete choices (MoE routers), where rounding x to bf16 could flip which experts are picked.
 // One warp per output; not for large layers.
@@ -47,10 +53,21 @@ void moe_topk_softmax(const float* logits, int64_t m, int64_t num_experts, int k
 // Scratch for moe_mxfp4; size from moe_mxfp4_workspace_bytes for the largest m a step can have.
 size_t moe_mxfp4_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, int64_t hidden, int64_t intermediate);
 
+// What to do with the residual stream once the MoE has added into it: the next layer's input
+// RMSNorm to bf16, done by the same kernel that finished the row (one launch and one pass over
+// the row fewer per layer). out may be the h that moe_mxfp4 read: it is written last.
+struct NextNorm {
+  const float* weight = nullptr;  // [H]
+  float eps = 0.0f;
+  uint16_t* out = nullptr;  // bf16 [m, H]
+};
+
 // residual[r] += Σ_j weights[r, j] · expert_{ids[r, j]}(h[r]) for r < m, where
-// expert_e(h) = W2_e · swiglu_clamped(W1_e · h + b1_e) + b2_e. h is bf16 [m, H].
+// expert_e(h) = W2_e · swiglu_clamped(W1_e · h + b1_e) + b2_e. h is bf16 [m, H]. With next_norm,
+// also next_norm->out[r] = rms_norm(residual[r]) (as rms_norm_to_bf16, up to summation order).
 void moe_mxfp4(const MoeMxfp4Weights& weights, const uint16_t* h, int64_t m, int k, const int32_t* ids,
-               const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream);
+               const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream,
+               const NextNorm* next_norm = nullptr);
 
 // The same with float32 h, every intermediate float32 and each weight decoded exactly: the
 // float32 compute mode (moe_mxfp4_f32.cu). One warp per output on CUDA cores.
@@ -88,6 +105,11 @@ void embedding_bf16(const uint16_t* table, const int32_t* ids, int64_t rows, int
 // out = x · rsqrt(mean(x²) + eps) · weight per row, to bf16 (feeds a matrix product).
 void rms_norm_to_bf16(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, uint16_t* out,
                       Stream stream);
+// Both at once from one pass: the float32 result (for a router) and its bf16 rounding (for the
+// experts). Equal to rms_norm_to_bf16's bits, and to rms_norm_f32's for dim above 128 (below,
+// rms_norm_f32 uses fewer threads and so another summation order).
+void rms_norm_dual(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* out_f32,
+                   uint16_t* out_bf16, Stream stream);
 // The same in float32; out may alias x (Qwen3's per-head q/k norms, the final norm).
 void rms_norm_f32(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* out,
                   Stream stream);
@@ -162,6 +184,12 @@ struct AttentionShape {
 // positions.
 void kv_cache_write(const AttentionBatch& batch, const AttentionShape& shape, const float* k, const float* v,
                     const KvLayerCache& cache, Stream stream);
+
+// split_qkv_rope and kv_cache_write in one launch: q goes to `q` (rotated), k (rotated) and v go
+// straight into the cache, with the same values the two calls would store.
+void split_qkv_rope_to_cache(const float* qkv, const AttentionBatch& batch, const AttentionShape& shape,
+                             const int32_t* positions, const float* inv_freq, float mscale, float* q,
+                             const KvLayerCache& cache, Stream stream);
 
 // Causal attention of each row's query (float32 [rows, heads*head_dim]) over its sequence's
 // cached keys/values (the step's own tokens must already be written). Output [rows,

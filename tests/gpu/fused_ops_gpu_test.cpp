@@ -1,0 +1,203 @@
+// The fused CUDA operators against the unfused sequence they replace in the gpt-oss decode step:
+// each must give the same bits (or, where a reduction order changes, state its tolerance), so
+// fusing is a pure speed change.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <span>
+
+#include "backend/cuda/ops.h"
+#include "backend/cuda/runtime.h"
+#include "core/dtype.h"
+#include "models/cuda_support.h"
+
+namespace anvil {
+namespace {
+
+#if !ANVIL_WITH_CUDA
+TEST(CudaFusedOps, NeedACudaBuild) { GTEST_SKIP() << "this build has no CUDA backend"; }
+#else
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::devices().empty()) GTEST_SKIP() << "no CUDA GPU: " << cuda::unavailable_reason()
+
+template <typename T>
+cuda::DeviceBuffer to_device(const std::vector<T>& host) {
+  cuda::DeviceBuffer buffer(std::max<size_t>(1, host.size() * sizeof(T)));
+  cuda::copy_to_device(buffer.get(), host.data(), host.size() * sizeof(T));
+  return buffer;
+}
+
+template <typename T>
+std::vector<T> to_host(const cuda::DeviceBuffer& buffer, size_t n) {
+  std::vector<T> host(n);
+  cuda::copy_to_host(host.data(), buffer.get(), n * sizeof(T));
+  cuda::synchronize();
+  return host;
+}
+
+std::vector<float> uniform(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> values(n);
+  for (auto& v : values) v = dist(rng);
+  return values;
+}
+
+std::vector<uint16_t> bf16_values(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::vector<uint16_t> bits(n);
+  const auto values = uniform(n, rng, scale);
+  for (size_t i = 0; i < n; ++i) bits[i] = f32_to_bf16(values[i]);
+  return bits;
+}
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// y += W·x + b through every kernel family: the matrix-vector path (m <= 32), the tensor-core
+// GEMM (m > 32) and the generic path (inputs not 16-byte aligned).
+TEST(CudaFusedOps, LinearAddEqualsLinearThenAdd) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(7);
+  for (const auto [m, out, in] : {std::array<int64_t, 3>{1, 2880, 4096}, {5, 200, 96}, {17, 64, 256},
+                                  {64, 384, 512}, {3, 33, 36}}) {
+    SCOPED_TRACE("m=" + std::to_string(m) + " out=" + std::to_string(out) + " in=" + std::to_string(in));
+    const auto weight = bf16_values(size_t(out * in), rng), x = bf16_values(size_t(m * in), rng);
+    const auto bias = uniform(size_t(out), rng), residual = uniform(size_t(m * out), rng, 4.0f);
+    const auto d_w = to_device(weight), d_x = to_device(x), d_b = to_device(bias);
+    auto d_y = to_device(residual), d_sum = to_device(residual);
+    cuda::DeviceBuffer d_proj(size_t(m * out) * sizeof(float));
+    cuda::linear_bf16(d_w.get<uint16_t>(), d_b.get<float>(), d_x.get<uint16_t>(), m, out, in, d_proj.get<float>(),
+                      nullptr);
+    cuda::add_inplace(d_sum.get<float>(), d_proj.get<float>(), m * out, nullptr);
+    cuda::linear_bf16_add(d_w.get<uint16_t>(), d_b.get<float>(), d_x.get<uint16_t>(), m, out, in, d_y.get<float>(),
+                          nullptr);
+    const auto got = to_host<float>(d_y, size_t(m * out)), want = to_host<float>(d_sum, size_t(m * out));
+    EXPECT_TRUE(same_bits(got, want));
+    EXPECT_FALSE(same_bits(got, residual));
+  }
+}
+
+TEST(CudaFusedOps, DualNormEqualsBothNorms) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(11);
+  for (const int64_t dim : {2880, 4096, 256}) {
+    const int64_t rows = 3;
+    const auto x = uniform(size_t(rows * dim), rng, 3.0f), weight = uniform(size_t(dim), rng, 2.0f);
+    const auto d_x = to_device(x), d_weight = to_device(weight);
+    cuda::DeviceBuffer f32_a(size_t(rows * dim) * 4), f32_b(size_t(rows * dim) * 4);
+    cuda::DeviceBuffer bf16_a(size_t(rows * dim) * 2), bf16_b(size_t(rows * dim) * 2);
+    cuda::rms_norm_f32(d_x.get<float>(), rows, dim, d_weight.get<float>(), 1e-5f, f32_a.get<float>(), nullptr);
+    cuda::rms_norm_to_bf16(d_x.get<float>(), rows, dim, d_weight.get<float>(), 1e-5f, bf16_a.get<uint16_t>(), nullptr);
+    cuda::rms_norm_dual(d_x.get<float>(), rows, dim, d_weight.get<float>(), 1e-5f, f32_b.get<float>(),
+                        bf16_b.get<uint16_t>(), nullptr);
+    EXPECT_TRUE(same_bits(to_host<float>(f32_a, size_t(rows * dim)), to_host<float>(f32_b, size_t(rows * dim))))
+        << "dim " << dim;
+    EXPECT_TRUE(same_bits(to_host<uint16_t>(bf16_a, size_t(rows * dim)), to_host<uint16_t>(bf16_b, size_t(rows * dim))))
+        << "dim " << dim;
+  }
+}
+
+// RoPE + cache write in one kernel against split_qkv_rope then kv_cache_write, for every cache
+// dtype, with scattered blocks and a sliding layer's freed block (-1) that must not be written.
+TEST(CudaFusedOps, RopeIntoCacheEqualsRopeThenCacheWrite) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(13);
+  const int64_t heads = 8, kv_heads = 2, head_dim = 64, block = 16, total_blocks = 12;
+  const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
+  KvLayout layout;
+  layout.kv_heads = kv_heads;
+  layout.head_dim = head_dim;
+  layout.group_layers = {1};
+  layout.group_window = {0};
+  layout.layer_group = {0};
+  layout.layer_slot = {0};
+  ModelConfig config;
+  config.vocab_size = 1;
+  config.max_position_embeddings = 4096;
+  const std::vector<int32_t> table_a = {5, 9}, table_b = {-1, -1, -1, -1, 2};
+  StepBatch batch;
+  // Sequence 0: 3 new tokens at 20..22 (block table {5, 9}); sequence 1: one token at 70 in block 2.
+  SequenceStep a;
+  a.start_pos = 20;
+  a.num_tokens = 3;
+  a.block_tables = {std::span<const int32_t>(table_a)};
+  SequenceStep b;
+  b.start_pos = 70;
+  b.num_tokens = 1;
+  b.block_tables = {std::span<const int32_t>(table_b)};
+  batch.sequences = {a, b};
+  batch.tokens = {0, 0, 0, 0};
+  const int64_t rows = 4;
+  const std::vector<int32_t> positions = {20, 21, 22, 70};
+  std::vector<float> inv_freq(size_t(head_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(150000.0f, -2.0f * float(i) / float(head_dim));
+  const auto qkv = uniform(size_t(rows * (q_width + 2 * kv_width)), rng, 2.0f);
+  const auto d_qkv = to_device(qkv), d_positions = to_device(positions), d_inv = to_device(inv_freq);
+
+  for (const auto dtype : {cuda::KvDtype::BF16, cuda::KvDtype::F32, cuda::KvDtype::FP8_E4M3}) {
+    SCOPED_TRACE(cuda::kv_dtype_name(dtype));
+    KvGroupStorage cache_a({1, total_blocks, block, kv_heads, head_dim, KvDevice::Cuda, dtype});
+    KvGroupStorage cache_b({1, total_blocks, block, kv_heads, head_dim, KvDevice::Cuda, dtype});
+    const size_t cache_bytes = size_t(total_blocks * block * kv_width) * cuda::kv_dtype_bytes(dtype);
+    for (auto* c : {&cache_a, &cache_b}) {
+      cuda::memset_device(c->device_keys(0), 0x5a, cache_bytes);
+      cuda::memset_device(c->device_values(0), 0x5a, cache_bytes);
+    }
+    DeviceStep step;
+    step.upload(batch, layout, config, nullptr, false);
+    const cuda::AttentionShape shape{heads, kv_heads, head_dim, 0.125f, 0, nullptr};
+    const cuda::KvLayerCache ca{cache_a.device_keys(0), cache_a.device_values(0), block, dtype};
+    const cuda::KvLayerCache cb{cache_b.device_keys(0), cache_b.device_values(0), block, dtype};
+    cuda::DeviceBuffer q_a(size_t(rows * q_width) * 4), q_b(size_t(rows * q_width) * 4);
+    cuda::DeviceBuffer k(size_t(rows * kv_width) * 4), v(size_t(rows * kv_width) * 4);
+    cuda::split_qkv_rope(d_qkv.get<float>(), rows, heads, kv_heads, head_dim, d_positions.get<int32_t>(),
+                         d_inv.get<float>(), 1.25f, q_a.get<float>(), k.get<float>(), v.get<float>(), nullptr);
+    cuda::kv_cache_write(step.groups[0], shape, k.get<float>(), v.get<float>(), ca, nullptr);
+    cuda::split_qkv_rope_to_cache(d_qkv.get<float>(), step.groups[0], shape, d_positions.get<int32_t>(),
+                                  d_inv.get<float>(), 1.25f, q_b.get<float>(), cb, nullptr);
+    EXPECT_TRUE(same_bits(to_host<float>(q_a, size_t(rows * q_width)), to_host<float>(q_b, size_t(rows * q_width))));
+    auto bytes = [&](void* p) {
+      std::vector<uint8_t> host(cache_bytes);
+      cuda::copy_to_host(host.data(), p, cache_bytes);
+      cuda::synchronize();
+      return host;
+    };
+    const auto keys_a = bytes(cache_a.device_keys(0)), keys_b = bytes(cache_b.device_keys(0));
+    EXPECT_TRUE(same_bits(keys_a, keys_b));
+    EXPECT_TRUE(same_bits(bytes(cache_a.device_values(0)), bytes(cache_b.device_values(0))));
+    // Something was written: position 20 is slot 4 of sequence 0's second block, block 9.
+    const size_t row20 = size_t((9 * block + 4) * kv_width) * cuda::kv_dtype_bytes(dtype);
+    EXPECT_NE(keys_b[row20], 0x5a);
+  }
+}
+
+// A gpt-oss-sized row (201,088 logits) and an odd-sized, misaligned one; ties go to the lower id.
+TEST(CudaFusedOps, ArgmaxOverLargeAndMisalignedRows) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(17);
+  for (const int64_t vocab : {201088, 1001, 3}) {
+    const int64_t rows = 3;
+    auto logits = uniform(size_t(rows * vocab), rng, 10.0f);
+    // Row 0: the maximum twice (the lower id wins); row 1: at the last id; row 2: all equal.
+    logits[size_t(vocab / 3)] = 50.0f;
+    logits[size_t(vocab - 1)] = 50.0f;
+    logits[size_t(vocab + vocab - 1)] = 60.0f;
+    std::fill(logits.begin() + 2 * vocab, logits.begin() + 3 * vocab, -1.0f);
+    const auto d_logits = to_device(logits);
+    cuda::DeviceBuffer ids(size_t(rows) * 4);
+    cuda::argmax_rows(d_logits.get<float>(), rows, vocab, ids.get<int32_t>(), nullptr);
+    const auto got = to_host<int32_t>(ids, size_t(rows));
+    EXPECT_EQ(got[0], vocab / 3) << vocab;
+    EXPECT_EQ(got[1], vocab - 1) << vocab;
+    EXPECT_EQ(got[2], 0) << vocab;
+  }
+}
+
+#endif
+
+}  // namespace
+}  // namespace anvil
