@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -42,6 +43,32 @@ class CudaGraphTest : public ::testing::Test {
     if (cuda::devices().empty()) GTEST_SKIP() << "no CUDA GPU: " << cuda::unavailable_reason();
   }
 };
+
+// Chained launches (programmatic dependent launch, where the kernel table allows it) change only
+// when kernels start, never what they compute: every logit of a prompt run one token per step
+// (decode graphs) and in 64-token chunks (prefill kernels) equals the stream-ordered run's, bit for
+// bit, in both compute modes. A kernel that read its predecessor's output before waiting for it
+// would show up here as differing logits (or differing between the repeated chained runs).
+TEST_F(CudaGraphTest, ChainedLaunchesComputeExactlyWhatStreamOrderDoes) {
+  for (const auto dtype : {ComputeDtype::Auto, ComputeDtype::F32}) {
+    const auto prompt = prompt_of(150, 1000, 11);
+    std::vector<std::vector<float>> runs;
+    for (const bool chained : {false, true, true}) {
+      cuda::allow_chained_launch(chained);
+      auto model = load_tiny(false, dtype);
+      auto decode_like = prompt_logits(*model, prompt, 1);
+      const auto chunked = prompt_logits(*model, prompt, 64);
+      decode_like.insert(decode_like.end(), chunked.begin(), chunked.end());
+      runs.push_back(std::move(decode_like));
+    }
+    cuda::allow_chained_launch(true);
+    ASSERT_EQ(runs[0].size(), runs[1].size());
+    EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
+        << "chained vs stream order, dtype " << int(dtype);
+    EXPECT_EQ(std::memcmp(runs[1].data(), runs[2].data(), runs[1].size() * sizeof(float)), 0)
+        << "two chained runs, dtype " << int(dtype);
+  }
+}
 
 // One sequence whose context crosses 256 positions (16 blocks of 16, the smallest padded
 // stride), so the second half of its decode runs under a second graph.

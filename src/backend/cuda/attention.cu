@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 
 namespace anvil::cuda {
@@ -72,6 +73,8 @@ template <int D, int BQ, KvDtype KV, typename Out>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionBatch batch, AttentionShape shape, const float* q,
                                                               KvLayerCache cache, Out* out, float* partials,
                                                               int splits, int tiles_per_sequence) {
+  wait_for_predecessor();
+  release_dependents();
   constexpr int TR = BQ / 16;       // query vectors per thread
   constexpr int TC = kKeysPerTile / 8;  // keys per thread in the score tile
   constexpr int TD = D / 8;         // output dims per thread
@@ -223,6 +226,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionBatch batc
 template <typename Out>
 __global__ void merge_splits_kernel(const float* partials, int splits, int64_t num_heads, int head_dim,
                                     const float* sinks, Out* out) {
+  wait_for_predecessor();
+  release_dependents();
   const int64_t row = blockIdx.x, head = blockIdx.y;
   const float* base = partials + (row * num_heads + head) * splits * (head_dim + 2);
   float global_max = -INFINITY;
@@ -247,6 +252,8 @@ __global__ void merge_splits_kernel(const float* partials, int splits, int64_t n
 template <KvDtype KV>
 __global__ void kv_write_kernel(AttentionBatch batch, int64_t kv_width, const float* k, const float* v,
                                 KvLayerCache cache) {
+  wait_for_predecessor();
+  release_dependents();
   const int64_t row = blockIdx.x;
   const int seq = batch.row_sequence[row], pos = batch.row_position[row];
   const int block = batch.block_tables[int64_t(seq) * batch.max_blocks + pos / cache.block_size];
@@ -265,6 +272,8 @@ template <KvDtype KV>
 __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch batch, int64_t heads, int64_t kv_heads,
                                             int64_t head_dim, const int32_t* positions, const float* inv_freq,
                                             float mscale, float* q, KvLayerCache cache) {
+  wait_for_predecessor();
+  release_dependents();
   const int64_t row = blockIdx.x, head = blockIdx.y, half = head_dim / 2;
   const float* in = qkv + (row * (heads + 2 * kv_heads) + head) * head_dim;
   int64_t slot = 0;  // first element of this row's key (and value) vectors in the cache
@@ -310,8 +319,8 @@ void launch(const AttentionBatch& batch, const AttentionShape& shape, const floa
     configured = true;
   }
   const dim3 grid(unsigned(batch.num_sequences * tiles_per_sequence), unsigned(shape.num_kv_heads), unsigned(splits));
-  attention_kernel<D, BQ, KV, Out>
-      <<<grid, kThreads, smem, stream>>>(batch, shape, q, cache, out, partials, splits, tiles_per_sequence);
+  launch_chained(attention_kernel<D, BQ, KV, Out>, grid, kThreads, smem, stream, batch, shape, q, cache, out, partials,
+                 splits, tiles_per_sequence);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -355,9 +364,15 @@ void kv_cache_write(const AttentionBatch& batch, const AttentionShape& shape, co
   const int64_t width = shape.num_kv_heads * shape.head_dim;
   const cudaStream_t s = as_stream(stream);
   switch (cache.dtype) {
-    case KvDtype::BF16: kv_write_kernel<KvDtype::BF16><<<rows, 128, 0, s>>>(batch, width, k, v, cache); break;
-    case KvDtype::F32: kv_write_kernel<KvDtype::F32><<<rows, 128, 0, s>>>(batch, width, k, v, cache); break;
-    case KvDtype::FP8_E4M3: kv_write_kernel<KvDtype::FP8_E4M3><<<rows, 128, 0, s>>>(batch, width, k, v, cache); break;
+    case KvDtype::BF16:
+      launch_chained(kv_write_kernel<KvDtype::BF16>, rows, 128, 0, s, batch, width, k, v, cache);
+      break;
+    case KvDtype::F32:
+      launch_chained(kv_write_kernel<KvDtype::F32>, rows, 128, 0, s, batch, width, k, v, cache);
+      break;
+    case KvDtype::FP8_E4M3:
+      launch_chained(kv_write_kernel<KvDtype::FP8_E4M3>, rows, 128, 0, s, batch, width, k, v, cache);
+      break;
   }
   ANVIL_CUDA_LAUNCHED();
 }
@@ -372,16 +387,16 @@ void split_qkv_rope_to_cache(const float* qkv, const AttentionBatch& batch, cons
   const int64_t heads = shape.num_heads, kv_heads = shape.num_kv_heads, dim = shape.head_dim;
   switch (cache.dtype) {
     case KvDtype::BF16:
-      split_qkv_rope_cache_kernel<KvDtype::BF16><<<grid, threads, 0, s>>>(qkv, batch, heads, kv_heads, dim, positions,
-                                                                          inv_freq, mscale, q, cache);
+      launch_chained(split_qkv_rope_cache_kernel<KvDtype::BF16>, grid, threads, 0, s, qkv, batch, heads, kv_heads, dim,
+                     positions, inv_freq, mscale, q, cache);
       break;
     case KvDtype::F32:
-      split_qkv_rope_cache_kernel<KvDtype::F32><<<grid, threads, 0, s>>>(qkv, batch, heads, kv_heads, dim, positions,
-                                                                         inv_freq, mscale, q, cache);
+      launch_chained(split_qkv_rope_cache_kernel<KvDtype::F32>, grid, threads, 0, s, qkv, batch, heads, kv_heads, dim,
+                     positions, inv_freq, mscale, q, cache);
       break;
     case KvDtype::FP8_E4M3:
-      split_qkv_rope_cache_kernel<KvDtype::FP8_E4M3><<<grid, threads, 0, s>>>(qkv, batch, heads, kv_heads, dim,
-                                                                              positions, inv_freq, mscale, q, cache);
+      launch_chained(split_qkv_rope_cache_kernel<KvDtype::FP8_E4M3>, grid, threads, 0, s, qkv, batch, heads, kv_heads,
+                     dim, positions, inv_freq, mscale, q, cache);
       break;
   }
   ANVIL_CUDA_LAUNCHED();
@@ -424,8 +439,8 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
       throw_cuda_error("paged_attention: head_dim must be 32, 64 or 128", int(cudaErrorInvalidValue), __FILE__, __LINE__);
   }
   if (splits > 1) {
-    merge_splits_kernel<<<dim3(unsigned(batch.num_rows), unsigned(shape.num_heads)), 64, 0, s>>>(
-        partials, splits, shape.num_heads, int(shape.head_dim), shape.sinks, out);
+    launch_chained(merge_splits_kernel<Out>, dim3(unsigned(batch.num_rows), unsigned(shape.num_heads)), 64, 0, s,
+                   partials, splits, shape.num_heads, int(shape.head_dim), shape.sinks, out);
     ANVIL_CUDA_LAUNCHED();
   }
 }

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/ops.h"
 
@@ -80,8 +81,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
 
   float acc[kTokenTiles][4] = {};
   uint4 va[kDepth], vb[kDepth], xv[2][kTokenTiles];
+  // The weights are constant: their first loads go out while the previous kernel (which writes x
+  // and, with accumulate, y) may still be running.
 #pragma unroll
   for (int j = 0; j < kDepth - 1; ++j) load_w(j, va[j], vb[j]);
+  wait_for_predecessor();
+  release_dependents();
   load_x(0, xv[0]);
   for (int i0 = 0; i0 < my_chunks; i0 += kDepth) {
 #pragma unroll
@@ -143,6 +148,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     gemm_bf16_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ weight,
                      const float* __restrict__ bias, int m, int out, int in, float* __restrict__ y,
                      bool accumulate) {
+  wait_for_predecessor();
+  release_dependents();
   constexpr int kBM = Cfg::kBM, kBN = Cfg::kBN, kWarpsN = Cfg::kWarpsN, kGemmStages = Cfg::kStages;
   extern __shared__ __align__(128) uint8_t smem_raw[];
   uint16_t* smem = reinterpret_cast<uint16_t*>(smem_raw);
@@ -279,6 +286,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 __global__ void linear_bf16_generic_kernel(const uint16_t* __restrict__ weight, const float* __restrict__ bias,
                                            const uint16_t* __restrict__ x, int64_t out, int64_t in,
                                            float* __restrict__ y, bool accumulate) {
+  wait_for_predecessor();
+  release_dependents();
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int64_t token = blockIdx.y;
   const int lane = threadIdx.x % 32;
@@ -306,11 +315,11 @@ void launch_gemv(const uint16_t* weight, const float* bias, const uint16_t* x, i
                  bool accumulate, cudaStream_t stream) {
   const int64_t blocks = ceil_div(out, 16), sms = multiprocessors();
   if (blocks > 2 * sms && blocks <= 4 * sms) {
-    gemv_bf16_kernel<kTokenTiles, 4><<<unsigned(blocks), 4 * 32, 0, stream>>>(weight, bias, x, m, out, in, y,
-                                                                             accumulate);
+    launch_chained(gemv_bf16_kernel<kTokenTiles, 4>, unsigned(blocks), 4 * 32, 0, stream, weight, bias, x, m, out, in,
+                   y, accumulate);
   } else {
-    gemv_bf16_kernel<kTokenTiles, 8><<<unsigned(blocks), 8 * 32, 0, stream>>>(weight, bias, x, m, out, in, y,
-                                                                             accumulate);
+    launch_chained(gemv_bf16_kernel<kTokenTiles, 8>, unsigned(blocks), 8 * 32, 0, stream, weight, bias, x, m, out, in,
+                   y, accumulate);
   }
   ANVIL_CUDA_LAUNCHED();
 }
@@ -337,7 +346,7 @@ void launch_gemm(const uint16_t* weight, const float* bias, const uint16_t* x, i
   constexpr auto kernel = gemm_bf16_kernel<Cfg>;
   allow_smem<kernel>(Cfg::kSmemBytes);
   const dim3 grid(unsigned(ceil_div(m, kBM)), unsigned(ceil_div(out, kBN)));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(x, weight, bias, m, out, in, y, accumulate);
+  launch_chained(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, x, weight, bias, m, out, in, y, accumulate);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -360,8 +369,8 @@ void linear_bf16_impl(const uint16_t* weight, const float* bias, const uint16_t*
   if (!aligned) {
     for (int64_t first = 0; first < m; first += 65535) {  // grid.y limit
       const dim3 grid(unsigned(ceil_div(out, 8)), unsigned(std::min<int64_t>(65535, m - first)));
-      linear_bf16_generic_kernel<<<grid, 256, 0, s>>>(weight, bias, x + first * in, out, in, y + first * out,
-                                                      accumulate);
+      launch_chained(linear_bf16_generic_kernel, grid, 256, 0, s, weight, bias, x + first * in, out, in,
+                     y + first * out, accumulate);
       ANVIL_CUDA_LAUNCHED();
     }
     return;

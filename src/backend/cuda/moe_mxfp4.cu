@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/mxfp4_decode.cuh"
 #include "backend/cuda/mxfp4_gemm.cuh"
 #include "backend/cuda/mxfp4_moe.cuh"
@@ -38,6 +39,8 @@ constexpr int kTopkWarps = 8;
 __global__ void __launch_bounds__(kTopkWarps * 32)
     moe_topk_softmax_kernel(const float* __restrict__ logits, int64_t m, int num_experts, int k,
                             int32_t* __restrict__ ids, float* __restrict__ weights) {
+  wait_for_predecessor();
+  release_dependents();
   constexpr int kPerLane = kMaxExperts / 32;
   constexpr int kNone = 0x7fffffff;
   const int lane = threadIdx.x % 32;
@@ -103,6 +106,8 @@ __global__ void __launch_bounds__(kTopkWarps * 32)
 template <int kRouteWarps>
 __global__ void __launch_bounds__(kRouteWarps * 32)
     moe_route_kernel(const int32_t* __restrict__ ids, int slots, int num_experts, int tile_rows, Routing r) {
+  wait_for_predecessor();
+  release_dependents();
   constexpr int kRouteThreads = kRouteWarps * 32;
   static_assert(kRouteThreads >= kMaxExperts, "one thread per expert in the scan");
   __shared__ int cursor[kRouteWarps][kMaxExperts];
@@ -201,6 +206,8 @@ __global__ void __launch_bounds__(1024)
                        const float* __restrict__ route_weights, int k, int num_experts, int hidden,
                        float* __restrict__ residual, const float* __restrict__ norm_weight, float eps,
                        uint16_t* __restrict__ norm_out) {
+  wait_for_predecessor();
+  release_dependents();
   __shared__ float weight[32];  // k <= 32 is checked by the launcher; invalid ids weigh 0
   __shared__ float warp_sums[32];
   const int64_t row = blockIdx.x;
@@ -308,7 +315,7 @@ void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bo
     ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
   const dim3 grid(unsigned(ceil_div(p.n, kRowsPerBlock)), unsigned(active_bound));
-  kernel<<<grid, kDecodeWarps * 32, smem, stream>>>(p, r);
+  launch_chained(kernel, grid, kDecodeWarps * 32, smem, stream, p, r);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -366,7 +373,7 @@ void launch_gemm(const ExpertProduct& p, const Routing& r, int64_t max_tiles, cu
   constexpr auto kernel = moe_gemm_kernel<Cfg, kGateUp>;
   allow_smem<kernel>();
   const dim3 grid(unsigned(max_tiles), unsigned(ceil_div(p.n, Cfg::kBN)));
-  kernel<<<grid, Cfg::kThreads, Cfg::smem_bytes(p.k), stream>>>(p, r);
+  launch_chained(kernel, grid, Cfg::kThreads, Cfg::smem_bytes(p.k), stream, p, r);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -381,8 +388,8 @@ void moe_topk_softmax(const float* logits, int64_t m, int64_t num_experts, int k
   if (m == 0) return;
   const int64_t blocks = ceil_div(m, kTopkWarps);
   if (blocks > INT32_MAX) invalid("moe_topk_softmax: too many rows");
-  moe_topk_softmax_kernel<<<unsigned(blocks), kTopkWarps * 32, 0, as_stream(stream)>>>(logits, m, int(num_experts), k,
-                                                                                       ids, weights);
+  launch_chained(moe_topk_softmax_kernel, unsigned(blocks), kTopkWarps * 32, 0, as_stream(stream), logits, m,
+                 int(num_experts), k, ids, weights);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -435,9 +442,9 @@ void moe_mxfp4(const MoeMxfp4Weights& w, const uint16_t* h, int64_t m, int k, co
   const int tile_rows = !use_gemm ? 0 : slots >= 64 * E ? 128 : 64;
 
   if (slots <= 4096)
-    moe_route_kernel<8><<<1, 8 * 32, 0, s>>>(ids, int(slots), int(E), tile_rows, r);
+    launch_chained(moe_route_kernel<8>, 1, 8 * 32, 0, s, ids, int(slots), int(E), tile_rows, r);
   else
-    moe_route_kernel<32><<<1, 32 * 32, 0, s>>>(ids, int(slots), int(E), tile_rows, r);
+    launch_chained(moe_route_kernel<32>, 1, 32 * 32, 0, s, ids, int(slots), int(E), tile_rows, r);
   ANVIL_CUDA_LAUNCHED();
 
   ExpertProduct gate_up;
@@ -461,7 +468,7 @@ void moe_mxfp4(const MoeMxfp4Weights& w, const uint16_t* h, int64_t m, int k, co
   down.out = y;
 
   if (use_gemm) {
-    moe_gather_permute_kernel<<<unsigned(slots), 256, size_t(H) * 2, s>>>(h, r, k, int(H), x_perm);
+    launch_chained(moe_gather_permute_kernel, unsigned(slots), 256, size_t(H) * 2, s, h, r, k, int(H), x_perm);
     ANVIL_CUDA_LAUNCHED();
     gate_up.a = x_perm;
     // Tile-list bound for this tile size (<= l.max_tiles, which assumes the smallest tiles).
@@ -484,10 +491,9 @@ void moe_mxfp4(const MoeMxfp4Weights& w, const uint16_t* h, int64_t m, int k, co
   const bool norm = next_norm != nullptr && next_norm->out != nullptr;
   if (norm && (!next_norm->weight || !aligned16(next_norm->weight)))
     invalid("moe_mxfp4: next_norm needs a 16-byte aligned weight");
-  moe_combine_kernel<<<unsigned(m), combine_threads, 0, s>>>(y, ids, route_weights, k, int(E), int(H), residual,
-                                                             norm ? next_norm->weight : nullptr,
-                                                             norm ? next_norm->eps : 0.0f,
-                                                             norm ? next_norm->out : nullptr);
+  launch_chained(moe_combine_kernel, unsigned(m), combine_threads, 0, s, y, ids, route_weights, k, int(E), int(H),
+                 residual, norm ? next_norm->weight : nullptr, norm ? next_norm->eps : 0.0f,
+                 norm ? next_norm->out : nullptr);
   ANVIL_CUDA_LAUNCHED();
 }
 

@@ -6,6 +6,7 @@
 // decode and nothing else; activations come from L1/L2.
 #include <type_traits>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/mxfp4_common.cuh"
 #include "backend/cuda/mxfp4_moe.cuh"
@@ -28,8 +29,11 @@ constexpr int kDecodeWarps = 4;
 #define ANVIL_DECODE_STAGES 8  // H200, vs 4: 20b m=8 153 vs 162 us, 120b m=64 660 vs 721 us
 #endif
 constexpr int kDecodeStages = ANVIL_DECODE_STAGES;
+#ifndef ANVIL_DECODE_PREFETCH_TILES
+#define ANVIL_DECODE_PREFETCH_TILES 2  // widest pass whose token rows are fetched a chunk ahead
+#endif
 template <int kTokenTiles>
-constexpr bool kDecodePrefetchX = kTokenTiles <= 2;
+constexpr bool kDecodePrefetchX = kTokenTiles <= ANVIL_DECODE_PREFETCH_TILES;
 // Resident warps per SM at each width's register cap (for choosing the k split).
 template <int kTokenTiles>
 constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 4 * ANVIL_DECODE_MINB1;
@@ -43,6 +47,8 @@ constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 4 * ANVIL_DECODE_MINB1;
 template <int kTokenTiles, int kSplitK, bool kGateUp>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVIL_DECODE_MINB1)
     moe_decode_kernel(ExpertProduct p, Routing r) {
+  wait_for_predecessor();
+  release_dependents();
   static_assert(kDecodeWarps % kSplitK == 0, "k split within a block");
   using namespace gemm;
   using namespace mxfp4;

@@ -7,6 +7,7 @@
 // mma.sync m16n8k16. Shared memory stays under SM120's 99 KB.
 #include <type_traits>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/mxfp4_common.cuh"
 #include "backend/cuda/mxfp4_moe.cuh"
@@ -33,6 +34,8 @@ constexpr int kMoeGemmMaxK = 4096;
 template <typename Cfg, bool kGateUp>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     moe_gemm_kernel(ExpertProduct p, Routing r) {
+  wait_for_predecessor();
+  release_dependents();
   constexpr int kBM = Cfg::kBM;
   using namespace gemm;
   using namespace mxfp4;
@@ -193,6 +196,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 __global__ void __launch_bounds__(256)
     moe_gather_permute_kernel(const uint16_t* __restrict__ h, Routing r, int top_k, int hidden,
                               uint16_t* __restrict__ out) {
+  wait_for_predecessor();
+  release_dependents();
   extern __shared__ uint4 row_chunks[];
   const int64_t position = blockIdx.x;
   if (position >= r.header[kTotalSlots]) return;  // whole block

@@ -4,6 +4,7 @@
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 
 namespace anvil::cuda {
@@ -39,6 +40,8 @@ __global__ void embedding_kernel(const uint16_t* table, const int32_t* ids, int6
 
 template <bool kToBf16>
 __global__ void rms_norm_kernel(const float* x, int64_t dim, const float* weight, float eps, void* out) {
+  wait_for_predecessor();
+  release_dependents();
   const int64_t row = blockIdx.x;
   const float* in = x + row * dim;
   float sum = 0.0f;
@@ -57,6 +60,8 @@ __global__ void rms_norm_kernel(const float* x, int64_t dim, const float* weight
 // single-output kernel's.
 __global__ void rms_norm_dual_kernel(const float* x, int64_t dim, const float* weight, float eps, float* out_f32,
                                      uint16_t* out_bf16) {
+  wait_for_predecessor();
+  release_dependents();
   const int64_t row = blockIdx.x;
   const float* in = x + row * dim;
   float sum = 0.0f;
@@ -70,6 +75,8 @@ __global__ void rms_norm_dual_kernel(const float* x, int64_t dim, const float* w
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
+  wait_for_predecessor();
+  release_dependents();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
 }
@@ -77,6 +84,8 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
 // One block per row; thread i rotates pair (i, i + half) of every head.
 __global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, const int32_t* positions,
                             const float* inv_freq, float mscale) {
+  wait_for_predecessor();
+  release_dependents();
   const int64_t row = blockIdx.x, half = head_dim / 2;
   const float position = float(positions[row]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -99,6 +108,8 @@ __global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, const int
 __global__ void split_qkv_rope_kernel(const float* qkv, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                       const int32_t* positions, const float* inv_freq, float mscale, float* q,
                                       float* k, float* v) {
+  wait_for_predecessor();
+  release_dependents();
   const int64_t row = blockIdx.x, head = blockIdx.y, half = head_dim / 2;
   const float* in = qkv + (row * (heads + 2 * kv_heads) + head) * head_dim;
   if (head >= heads + kv_heads) {
@@ -123,6 +134,8 @@ __global__ void split_qkv_norm_rope_kernel(const float* qkv, int64_t heads, int6
                                            const float* q_norm, const float* k_norm, float eps,
                                            const int32_t* positions, const float* inv_freq, float mscale, float* q,
                                            float* k, float* v) {
+  wait_for_predecessor();
+  release_dependents();
   extern __shared__ float normed[];  // [warps][head_dim]
   const int64_t row = blockIdx.x, half = head_dim / 2;
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
@@ -158,6 +171,8 @@ __device__ __forceinline__ void store_activation(float* p, float value) { *p = v
 
 template <typename Out>
 __global__ void silu_mul_kernel(const float* gate_up, int64_t width, Out* out) {
+  wait_for_predecessor();
+  release_dependents();
   const int64_t row = blockIdx.x;
   const float* gate = gate_up + row * 2 * width;
   const float* up = gate + width;
@@ -172,6 +187,8 @@ __global__ void silu_mul_kernel(const float* gate_up, int64_t width, Out* out) {
 // are read as float4, four loads in flight per thread (one float per thread and step left the
 // 201k-entry gpt-oss row latency-bound: 78 us per step on an H200 under ncu).
 __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) {
+  wait_for_predecessor();
+  release_dependents();
   const float* row = logits + int64_t(blockIdx.x) * vocab;
   float best = -FLT_MAX;
   int32_t best_index = 0x7fffffff;
@@ -240,6 +257,8 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) 
 }
 
 __global__ void gather_rows_kernel(const float* x, const int32_t* index, int64_t dim, float* out) {
+  wait_for_predecessor();
+  release_dependents();
   const float* src = x + int64_t(index[blockIdx.x]) * dim;
   float* dst = out + int64_t(blockIdx.x) * dim;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
@@ -253,6 +272,8 @@ constexpr int kLinearThreads = 128, kLinearRows = 4;
 
 __global__ void linear_f32_input_kernel(const uint16_t* weight, const float* bias, const float* x, int64_t m,
                                         int64_t out_features, int64_t in_features, float* y) {
+  wait_for_predecessor();
+  release_dependents();
   const int64_t out = blockIdx.x, row0 = int64_t(blockIdx.y) * kLinearRows;
   const int rows = int(m - row0 < kLinearRows ? m - row0 : kLinearRows);
   const uint16_t* w = weight + out * in_features;
@@ -326,15 +347,16 @@ void embedding_bf16(const uint16_t* table, const int32_t* ids, int64_t rows, int
 void rms_norm_to_bf16(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, uint16_t* out,
                       Stream stream) {
   if (rows == 0) return;
-  rms_norm_kernel<true><<<unsigned(rows), threads_for(dim), 0, as_stream(stream)>>>(x, dim, weight, eps, out);
+  launch_chained(rms_norm_kernel<true>, unsigned(rows), threads_for(dim), 0, as_stream(stream), x, dim, weight, eps,
+                 out);
   ANVIL_CUDA_LAUNCHED();
 }
 
 void rms_norm_dual(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* out_f32,
                    uint16_t* out_bf16, Stream stream) {
   if (rows == 0) return;
-  rms_norm_dual_kernel<<<unsigned(rows), threads_for(dim), 0, as_stream(stream)>>>(x, dim, weight, eps, out_f32,
-                                                                                  out_bf16);
+  launch_chained(rms_norm_dual_kernel, unsigned(rows), threads_for(dim), 0, as_stream(stream), x, dim, weight, eps,
+                 out_f32, out_bf16);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -342,21 +364,22 @@ void rms_norm_f32(const float* x, int64_t rows, int64_t dim, const float* weight
                   Stream stream) {
   if (rows == 0) return;
   const int threads = dim <= 128 ? 32 * int(ceil_div(dim, 32)) : threads_for(dim);
-  rms_norm_kernel<false><<<unsigned(rows), threads, 0, as_stream(stream)>>>(x, dim, weight, eps, out);
+  launch_chained(rms_norm_kernel<false>, unsigned(rows), threads, 0, as_stream(stream), x, dim, weight, eps, out);
   ANVIL_CUDA_LAUNCHED();
 }
 
 void add_inplace(float* x, const float* y, int64_t n, Stream stream) {
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>(ceil_div(n, 256), 4096);
-  add_kernel<<<unsigned(blocks), 256, 0, as_stream(stream)>>>(x, y, n);
+  launch_chained(add_kernel, unsigned(blocks), 256, 0, as_stream(stream), x, y, n);
   ANVIL_CUDA_LAUNCHED();
 }
 
 void rope_inplace(float* x, int64_t rows, int64_t heads, int64_t head_dim, const int32_t* positions,
                   const float* inv_freq, float mscale, Stream stream) {
   if (rows == 0) return;
-  rope_kernel<<<unsigned(rows), 64, 0, as_stream(stream)>>>(x, heads, head_dim, positions, inv_freq, mscale);
+  launch_chained(rope_kernel, unsigned(rows), 64, 0, as_stream(stream), x, heads, head_dim, positions, inv_freq,
+                 mscale);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -366,20 +389,20 @@ void split_qkv_rope(const float* qkv, int64_t rows, int64_t heads, int64_t kv_he
   if (rows == 0) return;
   const dim3 grid(unsigned(rows), unsigned(heads + 2 * kv_heads));
   const unsigned threads = unsigned(std::min<int64_t>(128, std::max<int64_t>(32, head_dim / 2)));
-  split_qkv_rope_kernel<<<grid, threads, 0, as_stream(stream)>>>(qkv, heads, kv_heads, head_dim, positions, inv_freq,
-                                                                 mscale, q, k, v);
+  launch_chained(split_qkv_rope_kernel, grid, threads, 0, as_stream(stream), qkv, heads, kv_heads, head_dim, positions,
+                 inv_freq, mscale, q, k, v);
   ANVIL_CUDA_LAUNCHED();
 }
 
 void silu_mul_to_bf16(const float* gate_up, int64_t rows, int64_t width, uint16_t* out, Stream stream) {
   if (rows == 0) return;
-  silu_mul_kernel<<<unsigned(rows), threads_for(width), 0, as_stream(stream)>>>(gate_up, width, out);
+  launch_chained(silu_mul_kernel<uint16_t>, unsigned(rows), threads_for(width), 0, as_stream(stream), gate_up, width, out);
   ANVIL_CUDA_LAUNCHED();
 }
 
 void silu_mul_f32(const float* gate_up, int64_t rows, int64_t width, float* out, Stream stream) {
   if (rows == 0) return;
-  silu_mul_kernel<<<unsigned(rows), threads_for(width), 0, as_stream(stream)>>>(gate_up, width, out);
+  launch_chained(silu_mul_kernel<float>, unsigned(rows), threads_for(width), 0, as_stream(stream), gate_up, width, out);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -388,9 +411,9 @@ void split_qkv_norm_rope(const float* qkv, int64_t rows, int64_t heads, int64_t 
                          const float* inv_freq, float mscale, float* q, float* k, float* v, Stream stream) {
   if (rows == 0) return;
   constexpr int kWarps = 8;
-  split_qkv_norm_rope_kernel<<<unsigned(rows), 32 * kWarps, size_t(kWarps * head_dim) * sizeof(float),
-                               as_stream(stream)>>>(qkv, heads, kv_heads, head_dim, q_norm, k_norm, eps, positions,
-                                                    inv_freq, mscale, q, k, v);
+  launch_chained(split_qkv_norm_rope_kernel, unsigned(rows), 32 * kWarps, size_t(kWarps * head_dim) * sizeof(float),
+                 as_stream(stream), qkv, heads, kv_heads, head_dim, q_norm, k_norm, eps, positions, inv_freq, mscale, q,
+                 k, v);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -398,20 +421,20 @@ void linear_f32_input(const uint16_t* weight, const float* bias, const float* x,
                       int64_t in_features, float* y, Stream stream) {
   if (m == 0 || out_features == 0) return;
   const dim3 grid(unsigned(out_features), unsigned(ceil_div(m, kLinearRows)));
-  linear_f32_input_kernel<<<grid, kLinearThreads, 0, as_stream(stream)>>>(weight, bias, x, m, out_features,
-                                                                          in_features, y);
+  launch_chained(linear_f32_input_kernel, grid, kLinearThreads, 0, as_stream(stream), weight, bias, x, m, out_features,
+                 in_features, y);
   ANVIL_CUDA_LAUNCHED();
 }
 
 void gather_rows_f32(const float* x, const int32_t* index, int64_t n, int64_t dim, float* out, Stream stream) {
   if (n == 0) return;
-  gather_rows_kernel<<<unsigned(n), 256, 0, as_stream(stream)>>>(x, index, dim, out);
+  launch_chained(gather_rows_kernel, unsigned(n), 256, 0, as_stream(stream), x, index, dim, out);
   ANVIL_CUDA_LAUNCHED();
 }
 
 void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out, Stream stream) {
   if (rows == 0) return;
-  argmax_kernel<<<unsigned(rows), 1024, 0, as_stream(stream)>>>(logits, vocab, out);
+  launch_chained(argmax_kernel, unsigned(rows), 1024, 0, as_stream(stream), logits, vocab, out);
   ANVIL_CUDA_LAUNCHED();
 }
 

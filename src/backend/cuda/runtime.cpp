@@ -4,6 +4,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
 
 #include <fmt/ranges.h>
 
@@ -79,12 +83,18 @@ namespace {
 // generations. A row exists per exact capability so that a future Hopper- or Blackwell-only
 // family (wgmma, tcgen05) is added where it belongs and can never be picked for SM120 by a
 // ">= 100" test: SM120 (RTX PRO 6000 / RTX 5090) has no tcgen05 and 99 KB of shared memory.
-std::vector<OpKernel> portable_ops() {
+// kLaunchChained: the op that says whether kernels of a step are launched as programmatic
+// dependents (griddepcontrol, compute capability 9.0+), or in plain stream order.
+constexpr const char* kLaunchOp = "launch";
+constexpr const char* kLaunchChained = "programmatic dependent launch (griddepcontrol)";
+
+std::vector<OpKernel> portable_ops(bool chained_launch) {
   return {
       {"linear_bf16", "mma.sync m16n8k16 bf16 GEMM / vectorized GEMV"},
       {"moe_mxfp4", "mma.sync W4A16 grouped GEMM, MXFP4 dequantized in registers"},
       {"attention", "paged flash-decoding, fp32 online softmax, sinks + window"},
       {"norm_rope_embed", "elementwise (fp32)"},
+      {kLaunchOp, chained_launch ? kLaunchChained : "stream order"},
   };
 }
 
@@ -92,12 +102,12 @@ std::vector<OpKernel> portable_ops() {
 
 const std::vector<ArchKernels>& kernel_table() {
   static const std::vector<ArchKernels> table = {
-      {8, 0, "A100, A30", "sm_80", portable_ops()},
-      {8, 6, "RTX 3090, A40, A6000", "sm_86", portable_ops()},
-      {8, 9, "RTX 4090, L40S, RTX 6000 Ada", "sm_89", portable_ops()},
-      {9, 0, "H100, H200, GH200", "sm_90a", portable_ops()},
-      {10, 0, "B200, GB200", "sm_100a", portable_ops()},
-      {12, 0, "RTX PRO 6000 Blackwell, RTX 5090", "sm_120a", portable_ops()},
+      {8, 0, "A100, A30", "sm_80", portable_ops(false)},
+      {8, 6, "RTX 3090, A40, A6000", "sm_86", portable_ops(false)},
+      {8, 9, "RTX 4090, L40S, RTX 6000 Ada", "sm_89", portable_ops(false)},
+      {9, 0, "H100, H200, GH200", "sm_90a", portable_ops(true)},
+      {10, 0, "B200, GB200", "sm_100a", portable_ops(true)},
+      {12, 0, "RTX PRO 6000 Blackwell, RTX 5090", "sm_120a", portable_ops(true)},
   };
   return table;
 }
@@ -118,6 +128,41 @@ const ArchKernels& kernels_for(int major, int minor) {
   fail("GPU compute capability {}.{} is not supported (anvil has kernels for {}); use --device cpu", major, minor,
        supported);
 }
+
+static std::atomic<bool>& chained_launch_allowed() {
+  static std::atomic<bool> allowed{[] {
+    const char* env = std::getenv("ANVIL_CHAINED_LAUNCH");
+    return !(env && std::string(env) == "0");
+  }()};
+  return allowed;
+}
+
+bool chained_launch_enabled() {
+  // Per device index; -1 unknown, 0 off, 1 on. Filled on first use (a launch outside capture).
+  static std::atomic<int8_t> cache[64] = {};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (auto& entry : cache) entry.store(-1, std::memory_order_relaxed);
+  });
+  int device = 0;
+  RT_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= 64) return false;
+  int8_t value = cache[device].load(std::memory_order_relaxed);
+  if (value < 0) {
+    int major = 0, minor = 0;
+    RT_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    RT_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    value = 0;
+    for (const auto& row : kernel_table())
+      if (row.major == major && row.minor == minor)
+        for (const auto& op : row.ops)
+          if (op.op == kLaunchOp && op.family == kLaunchChained) value = 1;
+    cache[device].store(value, std::memory_order_relaxed);
+  }
+  return value == 1 && chained_launch_allowed().load(std::memory_order_relaxed);
+}
+
+void allow_chained_launch(bool allowed) { chained_launch_allowed().store(allowed, std::memory_order_relaxed); }
 
 const ArchKernels& select_device(int index) {
   const auto all = devices();

@@ -66,6 +66,13 @@ const std::vector<ArchKernels>& kernel_table();
 // or when this build lacks the row's target.
 const ArchKernels& kernels_for(int major, int minor);
 
+// Whether the current device's kernel-table row launches a step's kernels as programmatic
+// dependents (backend/cuda/launch.cuh). ANVIL_CHAINED_LAUNCH=0 turns it off, to measure it.
+bool chained_launch_enabled();
+// Turns chained launches off (false) or back to the table's choice (true) for launches from now
+// on; a captured graph keeps what it was captured with. For tests and A/B measurements.
+void allow_chained_launch(bool allowed);
+
 // Makes `index` the current device and checks its capability against the kernel table.
 const ArchKernels& select_device(int index);
 

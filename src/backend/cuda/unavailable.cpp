@@ -21,6 +21,8 @@ const std::vector<ArchKernels>& kernel_table() {
 }
 const ArchKernels& kernels_for(int, int) { no_cuda(); }
 const ArchKernels& select_device(int) { no_cuda(); }
+bool chained_launch_enabled() { return false; }
+void allow_chained_launch(bool) {}
 void* device_alloc(size_t) { no_cuda(); }
 void device_free(void* pointer) {
   if (pointer) no_cuda();

@@ -1,0 +1,46 @@
+#pragma once
+// Programmatic dependent launch (compute capability 9.0 and later, per the kernel table): a decode
+// step is ~300 small kernels in a row, and with a plain launch each one starts only after its
+// predecessor has drained, then pays its own launch and first-load latency. Launched with
+// launch_chained, a kernel's blocks may start while the predecessor finishes; every such kernel
+// calls wait_for_predecessor() before it reads anything an earlier kernel wrote and before it
+// writes anything (so all ordering, transitively, is kept), and may do work that depends on
+// neither (streaming constant weights) before that. On GPUs without the feature, or launched
+// plainly, the wait is a no-op and the launch is a plain stream-ordered one.
+#include <utility>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/runtime.h"
+
+namespace anvil::cuda {
+
+__device__ __forceinline__ void wait_for_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next chained kernel be scheduled now (its blocks then wait for this grid to finish).
+__device__ __forceinline__ void release_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename... Params, typename... Args>
+void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                    Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1] = {};
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = chained_launch_enabled() ? 1 : 0;
+  ANVIL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace anvil::cuda
