@@ -22,6 +22,8 @@ const char* format_name(WeightFormat format) {
     case WeightFormat::BF16: return "BF16";
     case WeightFormat::F16: return "F16";
     case WeightFormat::MXFP4: return "MXFP4";
+    case WeightFormat::NVFP4: return "NVFP4";
+    case WeightFormat::FP8: return "FP8";
   }
   return "?";
 }
@@ -44,6 +46,18 @@ void validate(const LinearWeight& weight) {
     if (weight.scales == nullptr) {
       fail("linear layer MXFP4 [{}, {}]: scales are null", weight.out_features, weight.in_features);
     }
+  }
+  if (weight.format == WeightFormat::NVFP4) {
+    if (weight.in_features % 16 != 0) {
+      fail("linear layer NVFP4 [{}, {}]: in_features must be a multiple of 16", weight.out_features,
+           weight.in_features);
+    }
+    if (weight.scales == nullptr) {
+      fail("linear layer NVFP4 [{}, {}]: scales are null", weight.out_features, weight.in_features);
+    }
+  }
+  if (weight.format == WeightFormat::FP8 && weight.row_scales == nullptr) {
+    fail("linear layer FP8 [{}, {}]: row scales are null", weight.out_features, weight.in_features);
   }
 }
 
@@ -142,6 +156,8 @@ size_t LinearWeight::weight_bytes() const {
     case WeightFormat::BF16:
     case WeightFormat::F16: return elements * 2;
     case WeightFormat::MXFP4: return elements / 2 + elements / 32;
+    case WeightFormat::NVFP4: return elements / 2 + elements / 16 + sizeof(float);
+    case WeightFormat::FP8: return elements + size_t(out_features) * sizeof(float);
   }
   return 0;
 }
@@ -191,6 +207,27 @@ void linear_decode_row(const LinearWeight& weight, int64_t row, float* out) {
           out[g * 32 + 2 * j + 1] = kFp4E2M1Values[byte >> 4] * scale;
         }
       }
+      return;
+    }
+    case WeightFormat::NVFP4: {
+      const int64_t blocks = in / 16;
+      const uint8_t* codes = static_cast<const uint8_t*>(weight.data) + row * in / 2;
+      const uint8_t* scales = weight.scales + row * blocks;
+      for (int64_t g = 0; g < blocks; ++g) {
+        // e2m1 * e4m3 is exact in float32 (at most 6 significant bits), so only the global scale rounds.
+        const float scale = fp8_e4m3_to_f32(scales[g]);
+        for (int j = 0; j < 8; ++j) {
+          const uint8_t byte = codes[g * 8 + j];
+          out[g * 16 + 2 * j] = kFp4E2M1Values[byte & 0x0f] * scale * weight.global_scale;
+          out[g * 16 + 2 * j + 1] = kFp4E2M1Values[byte >> 4] * scale * weight.global_scale;
+        }
+      }
+      return;
+    }
+    case WeightFormat::FP8: {
+      const uint8_t* w = static_cast<const uint8_t*>(weight.data) + row * in;
+      const float scale = weight.row_scales[row];
+      for (int64_t i = 0; i < in; ++i) out[i] = fp8_e4m3_to_f32(w[i]) * scale;
       return;
     }
   }

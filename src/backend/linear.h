@@ -12,6 +12,12 @@ enum class WeightFormat {
   BF16,  // bf16 [out, in]
   F16,   // fp16 [out, in]
   MXFP4, // E2M1 codes [out, in/32, 16] (low nibble = even element) + E8M0 scales [out, in/32]
+  // NVIDIA ModelOpt's layout: E2M1 codes [out, in/2] (low nibble = even element), FP8 E4M3 block
+  // scales [out, in/16] and one float32 per-tensor scale (weight_scale_2):
+  // W = e2m1 * e4m3(scale) * global_scale.
+  NVFP4,
+  // FP8 E4M3 [out, in] with one float32 scale per output row (per-channel): W = e4m3 * row_scale.
+  FP8,
 };
 
 struct LinearWeight {
@@ -19,14 +25,17 @@ struct LinearWeight {
   int64_t out_features = 0;
   int64_t in_features = 0;
   const void* data = nullptr;
-  const uint8_t* scales = nullptr;  // MXFP4 only
+  const uint8_t* scales = nullptr;  // MXFP4 (E8M0) and NVFP4 (E4M3)
   const float* bias = nullptr;      // [out] or null
+  float global_scale = 1.0f;        // NVFP4 only
+  const float* row_scales = nullptr;  // FP8 only: [out]
 
   // Bytes of weight data read by one full pass (for bandwidth figures).
   size_t weight_bytes() const;
 };
 
-// What MXFP4 layers multiply their weights with. Dense formats always use float32 inputs.
+// What MXFP4 layers multiply their weights with. Every other format (NVFP4 and FP8 included)
+// always uses float32 inputs.
 enum class Mxfp4Activations {
   // Exact: weights decoded to float32 and multiplied with the float32 input.
   Float32,

@@ -41,6 +41,20 @@ std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir, const
   return ids;
 }
 
+std::optional<WeightFormat> parse_quantize_experts(const std::string& value) {
+  if (value == "none") return std::nullopt;
+  if (value == "mxfp4") return WeightFormat::MXFP4;
+  if (value == "nvfp4") return WeightFormat::NVFP4;
+  fail("--quantize-experts: '{}' is not one of none, mxfp4, nvfp4", value);
+}
+
+std::optional<WeightFormat> parse_quantize_dense(const std::string& value) {
+  if (value == "none") return std::nullopt;
+  if (value == "fp8") return WeightFormat::FP8;
+  if (value == "mxfp4") return WeightFormat::MXFP4;
+  fail("--quantize-dense: '{}' is not one of none, fp8, mxfp4", value);
+}
+
 void add_threads_option(CLI::App& verb, int& threads) {
   verb.add_option("--threads", threads, "CPU threads (default: ANVIL_THREADS or all cores)");
 }
@@ -65,6 +79,13 @@ void ModelLoadFlags::add_numerics_to(CLI::App& verb) {
                   "the KV cache float32: slower, within float32 rounding of the reference); the CPU is float32");
   verb.add_option("--kv-cache-dtype", kv_cache_dtype, "CUDA KV cache: auto (follows --dtype), bfloat16, float32, fp8 (e4m3)");
   verb.add_flag("--enforce-eager", enforce_eager, "CUDA: run every step kernel by kernel (no CUDA graphs for decode)");
+  verb.add_option("--quantize-experts", quantize_experts,
+                  "CPU: re-quantize the MoE experts at load: none (as stored), mxfp4 (E2M1 + E8M0 per 32; already "
+                  "so in gpt-oss) or nvfp4 (E2M1 + E4M3 per 16 + a per-tensor scale; gpt-oss re-quantizes its "
+                  "MXFP4 values)");
+  verb.add_option("--quantize-dense", quantize_dense,
+                  "CPU: re-quantize the attention projections and dense MLPs at load: none, fp8 (E4M3, a scale "
+                  "per output row) or mxfp4. Embeddings, lm_head, routers and norms always stay as stored");
 }
 
 Device ModelLoadFlags::resolve_device(const ModelConfig& config) const {
@@ -92,6 +113,12 @@ std::unique_ptr<Model> ModelLoadFlags::load() const {
   options.dtype = parse_compute_dtype(dtype);
   options.kv_cache_dtype = parse_kv_cache_dtype(kv_cache_dtype);
   options.enforce_eager = enforce_eager;
+  options.quantize_experts = parse_quantize_experts(quantize_experts);
+  options.quantize_dense = parse_quantize_dense(quantize_dense);
+  if (options.device == Device::Cuda && (options.quantize_experts || options.quantize_dense)) {
+    fail("{}: not supported on CUDA yet (add --device cpu)",
+         options.quantize_experts ? "--quantize-experts" : "--quantize-dense");
+  }
   if (device.rfind("cuda:", 0) == 0) {
     const std::string index = device.substr(5);
     if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos)

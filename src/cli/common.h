@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,11 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const std::filesystem::path& mod
 // EOS ids of config.json and generation_config.json together.
 std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir, const ModelConfig& config);
 
+// --quantize-experts (none, mxfp4, nvfp4) and --quantize-dense (none, fp8, mxfp4) values; a
+// one-line error naming the flag otherwise.
+std::optional<WeightFormat> parse_quantize_experts(const std::string& value);
+std::optional<WeightFormat> parse_quantize_dense(const std::string& value);
+
 // --threads N on a verb: sets the process-wide thread pool size.
 void add_threads_option(CLI::App& verb, int& threads);
 void apply_threads_option(int threads);
@@ -33,10 +39,13 @@ struct ModelLoadFlags {
   std::string dtype = "auto";
   std::string kv_cache_dtype = "auto";
   bool enforce_eager = false;
+  std::string quantize_experts = "none";
+  std::string quantize_dense = "none";
   int threads = 0;
 
   void add_to(CLI::App& verb);
-  // The CUDA numerics flags (--dtype, --kv-cache-dtype, --enforce-eager), shared with serve.
+  // The numerics flags, shared with serve: CUDA's --dtype, --kv-cache-dtype, --enforce-eager and
+  // the CPU's --quantize-experts, --quantize-dense.
   void add_numerics_to(CLI::App& verb);
   // Applies --threads and loads the model.
   std::unique_ptr<Model> load() const;

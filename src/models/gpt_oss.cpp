@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backend/cpu/ops.h"
+#include "backend/quantize.h"
 #include "core/error.h"
 #include "models/cuda_support.h"
 #include "models/model.h"
@@ -58,7 +59,7 @@ class GptOss : public Model {
       return;
     }
 #endif
-    load();
+    load(options);
   }
 
   size_t weight_bytes_per_token() const override {
@@ -368,11 +369,17 @@ class GptOss : public Model {
   std::unique_ptr<GptOssCuda> cuda_;
 #endif
 
-  void load() {
+  // --quantize-dense applies to q/k/v/o (gpt-oss has no dense MLP) and --quantize-experts to the
+  // experts, re-quantized from their decoded MXFP4 values; the router, embeddings and lm_head stay.
+  void load(const LoadOptions& options) {
     const auto& c = config_;
     WeightSource& w = *weights_;
     const int64_t hidden = c.hidden_size, head_dim = c.head_dim, experts = c.num_experts;
     const int64_t width = c.intermediate_size;
+    ThreadPool& pool = default_thread_pool();
+    auto dense = [&](const LinearWeight& weight, const std::string& name) {
+      return quantized_.convert(weight, options.quantize_dense, name, pool);
+    };
     embed_tokens_ = w.get("model.embed_tokens.weight", {c.vocab_size, hidden}, DType::BF16,
                           {DType::BF16, DType::F32, DType::F16});
     layers_.resize(size_t(c.num_layers));
@@ -386,11 +393,21 @@ class GptOss : public Model {
       layer.k_proj = load_dense_linear(w, p + ".self_attn.k_proj", c.num_kv_heads * head_dim, hidden, true, layer.k_bias);
       layer.v_proj = load_dense_linear(w, p + ".self_attn.v_proj", c.num_kv_heads * head_dim, hidden, true, layer.v_bias);
       layer.o_proj = load_dense_linear(w, p + ".self_attn.o_proj", hidden, c.num_heads * head_dim, true, layer.o_bias);
+      for (auto [weight, name] : {std::pair{&layer.q_proj, "q_proj"}, {&layer.k_proj, "k_proj"}, {&layer.v_proj, "v_proj"},
+                                  {&layer.o_proj, "o_proj"}}) {
+        *weight = dense(*weight, p + ".self_attn." + name + ".weight");
+      }
       layer.router = load_dense_linear(w, p + ".mlp.router", experts, hidden, true, layer.router_bias);
       layer.gate_up_bias = load_f32(w, p + ".mlp.experts.gate_up_proj_bias", {experts, 2 * width});
       layer.down_bias = load_f32(w, p + ".mlp.experts.down_proj_bias", {experts, hidden});
       layer.gate_up = load_mxfp4_experts(p + ".mlp.experts.gate_up_proj", 2 * width, hidden, layer.gate_up_bias);
       layer.down = load_mxfp4_experts(p + ".mlp.experts.down_proj", hidden, width, layer.down_bias);
+      for (auto [per_expert, name] : {std::pair{&layer.gate_up, "gate_up_proj"}, {&layer.down, "down_proj"}}) {
+        for (size_t e = 0; e < per_expert->size(); ++e) {
+          (*per_expert)[e] = quantized_.convert((*per_expert)[e], options.quantize_experts,
+                                                fmt::format("{}.mlp.experts.{}[{}]", p, name, e), pool);
+        }
+      }
     }
     final_norm_ = load_f32(w, "model.norm.weight", {hidden});
     lm_head_ = load_dense_linear(w, "lm_head", c.vocab_size, hidden, false, lm_head_bias_);
@@ -419,6 +436,7 @@ class GptOss : public Model {
   std::vector<GptOssLayer> layers_;
   std::vector<float> final_norm_, lm_head_bias_;
   LinearWeight lm_head_;
+  QuantizedStore quantized_;  // the layers that --quantize-* replaced
 };
 
 }  // namespace

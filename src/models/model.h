@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -94,6 +95,11 @@ struct LoadOptions {
   ComputeDtype dtype = ComputeDtype::Auto;
   KvCacheDtype kv_cache_dtype = KvCacheDtype::Auto;
   bool enforce_eager = false;  // CUDA: never replay decode steps as CUDA graphs (vLLM's flag)
+  // CPU only: re-quantize at load (`--quantize-experts`, `--quantize-dense`); empty keeps the
+  // checkpoint's format. Experts: MXFP4 or NVFP4. Dense: FP8 or MXFP4, for attention projections
+  // and dense MLPs; embeddings, lm_head, routers and norms are never re-quantized.
+  std::optional<WeightFormat> quantize_experts;
+  std::optional<WeightFormat> quantize_dense;
 };
 
 // Parses `--dtype` / `--kv-cache-dtype` values (vLLM's spellings); fails naming the flag.

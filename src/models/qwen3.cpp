@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/cpu/ops.h"
+#include "backend/quantize.h"
 #include "core/error.h"
 #include "models/cuda_support.h"
 #include "models/model.h"
@@ -64,7 +65,7 @@ class Qwen3 : public Model {
       return;
     }
 #endif
-    load();
+    load(options);
   }
 
   size_t weight_bytes_per_token() const override {
@@ -384,11 +385,22 @@ class Qwen3 : public Model {
   std::unique_ptr<Qwen3Cuda> cuda_;
 #endif
 
-  void load() {
+  // --quantize-dense applies to q/k/v/o and the dense MLPs, --quantize-experts to the MoE experts;
+  // the router, embeddings and lm_head stay as stored.
+  void load(const LoadOptions& options) {
     const auto& c = config_;
     WeightSource& w = *weights_;
     const int64_t hidden = c.hidden_size, head_dim = c.head_dim;
     std::vector<float> no_bias;
+    ThreadPool& pool = default_thread_pool();
+    auto dense = [&](const std::string& prefix, int64_t out, int64_t in) {
+      return quantized_.convert(load_dense_linear(w, prefix, out, in, false, no_bias), options.quantize_dense,
+                                prefix + ".weight", pool);
+    };
+    auto expert = [&](const std::string& prefix, int64_t out, int64_t in) {
+      return quantized_.convert(load_dense_linear(w, prefix, out, in, false, no_bias), options.quantize_experts,
+                                prefix + ".weight", pool);
+    };
     embed_tokens_ = w.get("model.embed_tokens.weight", {c.vocab_size, hidden}, DType::BF16,
                           {DType::BF16, DType::F32, DType::F16});
     layers_.resize(size_t(c.num_layers));
@@ -399,10 +411,10 @@ class Qwen3 : public Model {
       layer.post_attention_norm = load_f32(w, p + ".post_attention_layernorm.weight", {hidden});
       layer.q_norm = load_f32(w, p + ".self_attn.q_norm.weight", {head_dim});
       layer.k_norm = load_f32(w, p + ".self_attn.k_norm.weight", {head_dim});
-      layer.q_proj = load_dense_linear(w, p + ".self_attn.q_proj", c.num_heads * head_dim, hidden, false, no_bias);
-      layer.k_proj = load_dense_linear(w, p + ".self_attn.k_proj", c.num_kv_heads * head_dim, hidden, false, no_bias);
-      layer.v_proj = load_dense_linear(w, p + ".self_attn.v_proj", c.num_kv_heads * head_dim, hidden, false, no_bias);
-      layer.o_proj = load_dense_linear(w, p + ".self_attn.o_proj", hidden, c.num_heads * head_dim, false, no_bias);
+      layer.q_proj = dense(p + ".self_attn.q_proj", c.num_heads * head_dim, hidden);
+      layer.k_proj = dense(p + ".self_attn.k_proj", c.num_kv_heads * head_dim, hidden);
+      layer.v_proj = dense(p + ".self_attn.v_proj", c.num_kv_heads * head_dim, hidden);
+      layer.o_proj = dense(p + ".self_attn.o_proj", hidden, c.num_heads * head_dim);
       layer.moe = c.is_moe_layer(l);
       if (layer.moe) {
         const int64_t width = c.moe_intermediate_size;
@@ -410,15 +422,14 @@ class Qwen3 : public Model {
         layer.experts.resize(size_t(c.num_experts));
         for (int64_t e = 0; e < c.num_experts; ++e) {
           const std::string ep = p + ".mlp.experts." + std::to_string(e);
-          layer.experts[size_t(e)] = {load_dense_linear(w, ep + ".gate_proj", width, hidden, false, no_bias),
-                                      load_dense_linear(w, ep + ".up_proj", width, hidden, false, no_bias),
-                                      load_dense_linear(w, ep + ".down_proj", hidden, width, false, no_bias)};
+          layer.experts[size_t(e)] = {expert(ep + ".gate_proj", width, hidden), expert(ep + ".up_proj", width, hidden),
+                                      expert(ep + ".down_proj", hidden, width)};
         }
       } else {
         const int64_t width = c.intermediate_size;
-        layer.gate_proj = load_dense_linear(w, p + ".mlp.gate_proj", width, hidden, false, no_bias);
-        layer.up_proj = load_dense_linear(w, p + ".mlp.up_proj", width, hidden, false, no_bias);
-        layer.down_proj = load_dense_linear(w, p + ".mlp.down_proj", hidden, width, false, no_bias);
+        layer.gate_proj = dense(p + ".mlp.gate_proj", width, hidden);
+        layer.up_proj = dense(p + ".mlp.up_proj", width, hidden);
+        layer.down_proj = dense(p + ".mlp.down_proj", hidden, width);
       }
     }
     final_norm_ = load_f32(w, "model.norm.weight", {hidden});
@@ -440,6 +451,7 @@ class Qwen3 : public Model {
   std::vector<Qwen3Layer> layers_;
   std::vector<float> final_norm_;
   LinearWeight lm_head_;
+  QuantizedStore quantized_;  // the layers that --quantize-* replaced
 };
 
 }  // namespace

@@ -95,6 +95,8 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<W
   const auto found = factories.find(config.architecture);
   if (found == factories.end()) fail("architecture '{}' is not supported", config.architecture);
   if (options.device == Device::Cuda) {
+    if (options.quantize_experts || options.quantize_dense)
+      fail("--quantize-experts / --quantize-dense: not supported on CUDA yet (they apply to --device cpu)");
     cuda::select_device(options.cuda_device);
   } else {
     if (options.dtype == ComputeDtype::BF16)

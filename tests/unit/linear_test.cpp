@@ -28,6 +28,10 @@ const char* name_of(WeightFormat format) {
       return "F16";
     case WeightFormat::MXFP4:
       return "MXFP4";
+    case WeightFormat::NVFP4:
+      return "NVFP4";
+    case WeightFormat::FP8:
+      return "FP8";
   }
   return "?";
 }
@@ -67,6 +71,7 @@ std::string kernel_name(WeightFormat format) {
 struct RandomLayer {
   std::vector<uint8_t> data;
   std::vector<uint8_t> scales;
+  std::vector<float> row_scales;
   std::vector<float> bias;
   LinearWeight weight;
 
@@ -103,6 +108,28 @@ struct RandomLayer {
         for (auto& s : scales) s = uint8_t(scale_min + int(rng() % uint32_t(scale_span)));
         break;
       }
+      case WeightFormat::NVFP4: {
+        // Any E4M3 block scale but the NaN codes: both signs, subnormals, up to 448.
+        data.resize(n / 2);
+        for (auto& byte : data) byte = uint8_t(rng());
+        scales.resize(n / 16);
+        for (auto& s : scales) {
+          do s = uint8_t(rng());
+          while ((s & 0x7f) == 0x7f);
+        }
+        weight.global_scale = 0.0371f;
+        break;
+      }
+      case WeightFormat::FP8: {
+        data.resize(n);
+        for (auto& byte : data) {
+          do byte = uint8_t(rng());
+          while ((byte & 0x7f) == 0x7f);
+        }
+        row_scales.resize(size_t(out));
+        for (auto& s : row_scales) s = std::ldexp(1.0f + uniform(rng) * 0.5f, int(rng() % 16) - 12);
+        break;
+      }
     }
     if (with_bias) {
       bias.resize(size_t(out));
@@ -113,6 +140,7 @@ struct RandomLayer {
     weight.in_features = in;
     weight.data = data.data();
     weight.scales = scales.empty() ? nullptr : scales.data();
+    weight.row_scales = row_scales.empty() ? nullptr : row_scales.data();
     weight.bias = bias.empty() ? nullptr : bias.data();
   }
 };
@@ -152,6 +180,14 @@ LinearWeight slice_rows(const LinearWeight& weight, RowRange range) {
     case WeightFormat::MXFP4:
       slice.data = data + range.begin * in / 2;
       slice.scales = weight.scales + range.begin * in / 32;
+      break;
+    case WeightFormat::NVFP4:
+      slice.data = data + range.begin * in / 2;
+      slice.scales = weight.scales + range.begin * in / 16;
+      break;
+    case WeightFormat::FP8:
+      slice.data = data + range.begin * in;
+      slice.row_scales = weight.row_scales + range.begin;
       break;
   }
   if (weight.bias != nullptr) slice.bias = weight.bias + range.begin;
@@ -232,8 +268,8 @@ void check_against_reference(WeightFormat format, Shape shape, const std::vector
   }
 }
 
-const WeightFormat kAllFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
-                                    WeightFormat::MXFP4};
+const WeightFormat kAllFormats[] = {WeightFormat::F32,   WeightFormat::BF16,  WeightFormat::F16,
+                                    WeightFormat::MXFP4, WeightFormat::NVFP4, WeightFormat::FP8};
 
 TEST(Linear, MatchesReferenceOnSmallShapes) {
   // Every token-tile size (1..8), uneven tiles, both the few-token and the many-token kernels,
@@ -241,7 +277,10 @@ TEST(Linear, MatchesReferenceOnSmallShapes) {
   const std::vector<int64_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 23, 40};
   for (WeightFormat format : kAllFormats) {
     std::vector<Shape> shapes = {{37, 64}, {1, 32}, {3, 96}, {130, 320}, {17, 2880}};
-    if (format != WeightFormat::MXFP4) {
+    if (format == WeightFormat::NVFP4) {
+      // Rows of 32k + 16: one 16-element block after the 32-element chunks.
+      shapes.insert(shapes.end(), {{5, 16}, {9, 48}, {33, 336}, {70, 2896}});
+    } else if (format != WeightFormat::MXFP4) {
       shapes.insert(shapes.end(), {{37, 67}, {1, 1}, {5, 7}, {9, 15}, {33, 17}, {70, 301}});
     }
     for_each_mode(format, [&] {
@@ -305,7 +344,7 @@ TEST(Linear, TokenResultDoesNotDependOnBatch) {
   // it alone, whichever kernel (few-token or many-token) the batch size selects.
   ThreadPool pool(2);
   for (WeightFormat format : kAllFormats) {
-    const int64_t in = format == WeightFormat::MXFP4 ? 320 : 333;
+    const int64_t in = format == WeightFormat::MXFP4 ? 320 : format == WeightFormat::NVFP4 ? 336 : 333;
     RandomLayer layer(format, 45, in, true, 11, 108, 40);
     const int64_t max_tokens = 70;
     const std::vector<float> x = random_input(max_tokens, in, 12);
@@ -341,6 +380,7 @@ TEST(Linear, EmptyInputGivesBias) {
     weight.in_features = 0;
     weight.data = &unused;
     weight.scales = reinterpret_cast<const uint8_t*>(&unused);
+    weight.row_scales = &unused;
     weight.bias = bias;
     const float x = 0.0f;
     ThreadPool pool(2);
@@ -627,6 +667,10 @@ TEST(Linear, WeightBytes) {
   EXPECT_EQ(weight.weight_bytes(), size_t(5760) * 2880 * 2);
   weight.format = WeightFormat::MXFP4;
   EXPECT_EQ(weight.weight_bytes(), size_t(5760) * 90 * 17);  // 16 code bytes + 1 scale per block
+  weight.format = WeightFormat::NVFP4;
+  EXPECT_EQ(weight.weight_bytes(), size_t(5760) * 180 * 9 + 4);  // 8 code bytes + 1 scale per block, 1 global
+  weight.format = WeightFormat::FP8;
+  EXPECT_EQ(weight.weight_bytes(), size_t(5760) * 2880 + 5760 * 4);  // 1 byte per weight + 1 scale per row
 }
 
 TEST(Linear, ReportsKernelIsa) {

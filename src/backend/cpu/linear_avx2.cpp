@@ -94,6 +94,48 @@ static_assert(scaled_fp4_bits(3, 0) == 0x00600000u && scaled_fp4_bits(5, 126) ==
 static_assert(scaled_fp4_bits(12, 254) == 0xff800000u && scaled_fp4_bits(2, 254) == 0x7f000000u);
 constexpr Bf16Fp4Luts kBf16Fp4Luts = make_bf16_fp4_luts();
 
+// NVFP4 weights are decoded the same way, with one table pair per E4M3 block scale: an E2M1 value
+// (at most 2 significant bits) times an E4M3 one (at most 4) has at most 6, between 2^-10 and
+// 2688, so it is a bf16 exactly. The per-tensor scale is not in the tables: it multiplies the dot
+// product once (Nvfp4Row::out_scale). NaN scales (0x7f, 0xff) give the reference's NaN.
+constexpr float e4m3_value(int s) {
+  const int exponent = (s >> 3) & 0xf, mantissa = s & 7;
+  float magnitude = exponent == 0 ? float(mantissa) / 512.0f : 1.0f + float(mantissa) / 8.0f;
+  for (int e = 7; e < exponent; ++e) magnitude *= 2.0f;
+  for (int e = exponent; e < 7 && exponent != 0; ++e) magnitude *= 0.5f;
+  return (s & 0x80) != 0 ? -magnitude : magnitude;
+}
+constexpr uint32_t nvfp4_bits(int code, int s) {
+  if ((s & 0x7f) == 0x7f) return 0x7fc00000u;
+  return __builtin_bit_cast(uint32_t, kFp4E2M1Values[code] * e4m3_value(s));
+}
+constexpr Bf16Fp4Luts make_bf16_nvfp4_luts() {
+  Bf16Fp4Luts luts{};
+  for (int s = 0; s < 256; ++s) {
+    for (int code = 0; code < 16; ++code) {
+      const uint32_t bits = nvfp4_bits(code, s);
+      luts.bytes[s][code] = uint8_t(bits >> 16);
+      luts.bytes[s][16 + code] = uint8_t(bits >> 24);
+    }
+  }
+  return luts;
+}
+constexpr bool nvfp4_fits_bf16() {
+  for (int s = 0; s < 256; ++s) {
+    for (int code = 0; code < 16; ++code) {
+      if ((nvfp4_bits(code, s) & 0xffffu) != 0) return false;
+    }
+  }
+  return true;
+}
+static_assert(nvfp4_fits_bf16());
+// E4M3 spot checks: 0x38 = 1, 0x7e = 448 (the largest), 0x01 = 2^-9 (the smallest subnormal),
+// 0x08 = 2^-6 (the smallest normal), 0xb4 = -0.75; and 6 * 448.
+static_assert(e4m3_value(0x38) == 1.0f && e4m3_value(0x7e) == 448.0f && e4m3_value(0x01) == 0x1p-9f &&
+              e4m3_value(0x08) == 0x1p-6f && e4m3_value(0xb4) == -0.75f);
+static_assert(nvfp4_bits(7, 0x7e) == __builtin_bit_cast(uint32_t, 2688.0f));
+constexpr Bf16Fp4Luts kBf16Nvfp4Luts = make_bf16_nvfp4_luts();
+
 // --- Helpers --------------------------------------------------------------------------------
 
 // Pins v to a register. GCC folds a load into every instruction that uses it, so a value loaded
@@ -129,6 +171,17 @@ ANVIL_INLINE float fma_scalar(float w, float x, float sum) {
   return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(w), _mm_set_ss(x), _mm_set_ss(sum)));
 }
 
+// A row's output from its dot product: formats whose decoders leave out a per-row or per-tensor
+// factor (Row::kScaled: FP8, NVFP4) apply it here, fused with the bias, in every path alike.
+template <class Row>
+ANVIL_INLINE float finish_output(const Row& row, float sum, float bias) {
+  if constexpr (Row::kScaled) {
+    return fma_scalar(sum, row.out_scale(), bias);
+  } else {
+    return sum + bias;
+  }
+}
+
 // Scalar conversions for row tails. Local, and __builtin_bit_cast rather than std::bit_cast, so
 // this file instantiates no inline function that other files could share (see linear_kernels.h).
 ANVIL_INLINE float bf16_bits_to_f32(uint16_t bits) { return __builtin_bit_cast(float, uint32_t(bits) << 16); }
@@ -137,12 +190,14 @@ ANVIL_INLINE float f16_bits_to_f32(uint16_t bits) { return _cvtsh_ss(bits); }
 // --- Row decoders ---------------------------------------------------------------------------
 // A row decoder splits a row into chunks of kChunk weights. load(c) fetches chunk c and vec(chunk,
 // v) decodes its v-th vector of 8 floats (kVecs per chunk), in the order pack_x puts x in. at(i)
-// decodes a single weight of the tail (the last in % kChunk, natural order).
+// decodes a single weight of the tail (the last in % kChunk, natural order). A kScaled row's
+// weights are decoded up to a factor, out_scale(), applied once to the dot (finish_output).
 
 struct F32Row {
   static constexpr int64_t kChunk = 8;
   static constexpr int kVecs = 1;
   static constexpr int64_t kChunkBytes = 32;
+  static constexpr bool kScaled = false;
   using Chunk = const float*;
   const float* w;
   ANVIL_INLINE Chunk load(int64_t c) const { return w + c * 8; }
@@ -154,6 +209,7 @@ struct F16Row {
   static constexpr int64_t kChunk = 8;
   static constexpr int kVecs = 1;
   static constexpr int64_t kChunkBytes = 16;
+  static constexpr bool kScaled = false;
   using Chunk = const uint16_t*;
   const uint16_t* w;
   ANVIL_INLINE Chunk load(int64_t c) const { return w + c * 8; }
@@ -172,6 +228,7 @@ struct BF16Row {
   static constexpr int64_t kChunk = 16;
   static constexpr int kVecs = 2;
   static constexpr int64_t kChunkBytes = 32;
+  static constexpr bool kScaled = false;
   using Chunk = const uint16_t*;
   const uint16_t* w;
   ANVIL_INLINE Chunk load(int64_t c) const { return w + c * 16; }
@@ -195,6 +252,8 @@ struct BF16Row {
 struct Mxfp4Row {
   static constexpr int64_t kChunk = 32;
   static constexpr int kVecs = 4;
+  static constexpr int kScaleBytes = 1;  // per chunk
+  static constexpr bool kScaled = false;
   struct Chunk {
     __m128i words[4];
   };
@@ -231,6 +290,84 @@ struct Mxfp4Row {
   ANVIL_INLINE float at(int64_t) const { return 0.0f; }  // in % 32 == 0: there is no tail
 };
 
+// FP8 E4M3 to fp16 by moving bits: sign, the 4 exponent bits and the 3 mantissa bits become fp16's
+// sign, the low 4 of its 5 exponent bits and its top 3 mantissa bits. With exponent biases 7 and
+// 15, that is the value times 2^-8, for subnormals too, so vcvtph2ps decodes exactly and the 2^8
+// joins the row scale (out_scale). Natural order, no packing. The NaN codes (0x7f, 0xff) would
+// decode as +-1.875 instead; the quantizer never writes them.
+struct Fp8Row {
+  static constexpr int64_t kChunk = 16;
+  static constexpr int kVecs = 2;
+  static constexpr int64_t kChunkBytes = 16;
+  static constexpr bool kScaled = true;
+  using Chunk = const uint8_t*;
+  const uint8_t* w;
+  float scale;  // row_scales[r] * 2^8
+  ANVIL_INLINE Chunk load(int64_t c) const { return w + c * 16; }
+  ANVIL_INLINE __m256 vec(Chunk chunk, int v) const {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(chunk + 8 * v));
+    // Sign-extended to 16 bits and shifted by 7: bit 15 is the sign and so is bit 14, cleared.
+    const __m128i halves = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7), _mm_set1_epi16(int16_t(0xbf80)));
+    return _mm256_cvtph_ps(halves);
+  }
+  ANVIL_INLINE float at(int64_t i) const {
+    return f16_bits_to_f32(uint16_t((w[i] & 0x80u) << 8 | (w[i] & 0x7fu) << 7));
+  }
+  ANVIL_INLINE float out_scale() const { return scale; }
+};
+
+// NVFP4: a chunk is 32 elements, two 16-element blocks with one E4M3 scale each. Each block's 8
+// code bytes are looked up in its scale's tables (kBf16Nvfp4Luts) as in Mxfp4Row, which leaves
+// words[0] = elements 0, 2, ..., 14, words[1] = 1, 3, ..., 15, words[2] = 16, 18, ..., 30 and
+// words[3] = 17, ..., 31, each turned into a vector the way Mxfp4Row does (nvfp4_block_element).
+struct Nvfp4Row {
+  static constexpr int64_t kChunk = 32;
+  static constexpr int kVecs = 4;
+  static constexpr int kScaleBytes = 2;  // per chunk
+  static constexpr bool kScaled = true;
+  using Chunk = Mxfp4Row::Chunk;
+  const uint8_t* codes;
+  const uint8_t* scales;
+  float scale;  // the per-tensor scale
+  ANVIL_INLINE Chunk load(int64_t c) const {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + c * 16));
+    const __m128i nibble = _mm_set1_epi8(0x0f);
+    const __m128i even = _mm_and_si128(bytes, nibble), odd = _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble);
+    Chunk chunk;
+    static_for<0, 2>([&]<int b>() {
+      // Block b: its bytes' low nibbles, then their high nibbles.
+      const __m128i index = b == 0 ? _mm_unpacklo_epi64(even, odd) : _mm_unpackhi_epi64(even, odd);
+      const uint8_t* lut = kBf16Nvfp4Luts.bytes[scales[2 * c + b]];
+      const __m128i low = _mm_shuffle_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(lut)), index);
+      const __m128i high = _mm_shuffle_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(lut + 16)), index);
+      chunk.words[2 * b] = _mm_unpacklo_epi8(low, high);
+      chunk.words[2 * b + 1] = _mm_unpackhi_epi8(low, high);
+    });
+    return chunk;
+  }
+  ANVIL_INLINE static __m128 low_half(const Chunk& chunk, int v) { return Mxfp4Row::low_half(chunk, v); }
+  ANVIL_INLINE static __m128 high_half(const Chunk& chunk, int v) { return Mxfp4Row::high_half(chunk, v); }
+  ANVIL_INLINE __m256 vec(const Chunk& chunk, int v) const {
+    return _mm256_set_m128(high_half(chunk, v), low_half(chunk, v));
+  }
+  // A row of 32k + 16 elements ends with one block outside the chunks.
+  ANVIL_INLINE float at(int64_t i) const {
+    const uint8_t* lut = kBf16Nvfp4Luts.bytes[scales[i / 16]];
+    const int code = (codes[i / 2] >> (4 * (i & 1))) & 0x0f;
+    return __builtin_bit_cast(float, uint32_t(lut[16 + code]) << 24 | uint32_t(lut[code]) << 16);
+  }
+  ANVIL_INLINE float out_scale() const { return scale; }
+};
+
+// The element of a chunk at packed position p: vector p / 8, lane p % 8 (see Nvfp4Row).
+constexpr int nvfp4_block_element(int p) {
+  const int v = p / 8, lane = p % 8;
+  const int word = lane < 4 ? 2 * lane : 2 * (lane - 4) + 1;
+  return (v >> 1) * 16 + 2 * word + (v & 1);
+}
+static_assert(nvfp4_block_element(0) == 0 && nvfp4_block_element(4) == 2 && nvfp4_block_element(8) == 1 &&
+              nvfp4_block_element(16) == 16 && nvfp4_block_element(31) == 31);
+
 // The element of a block at packed position p: vector p / 8, lane p % 8 (see Mxfp4Row).
 constexpr int mxfp4_block_element(int p) {
   const int v = p / 8, lane = p % 8;
@@ -247,6 +384,12 @@ constexpr Mxfp4PackOrder make_mxfp4_pack_order() {
   return order;
 }
 constexpr Mxfp4PackOrder kMxfp4PackOrder = make_mxfp4_pack_order();
+constexpr Mxfp4PackOrder make_nvfp4_pack_order() {
+  Mxfp4PackOrder order{};
+  for (int p = 0; p < 32; ++p) order.element[p] = uint8_t(nvfp4_block_element(p));
+  return order;
+}
+constexpr Mxfp4PackOrder kNvfp4PackOrder = make_nvfp4_pack_order();
 static_assert(mxfp4_block_element(0) == 0 && mxfp4_block_element(4) == 2 && mxfp4_block_element(8) == 16 &&
               mxfp4_block_element(16) == 1 && mxfp4_block_element(31) == 31);
 
@@ -320,9 +463,10 @@ constexpr int64_t kRegisterRows = 16;
 
 // group.operator()<R, T>(r, x_tile, sums) computes rows [r, r + R) of format Row for the token
 // tile at x_tile into sums[R * T]; this walks every row of [row_begin, row_end) and token tile.
-template <class Row, typename Group>
+// make_row(r) -> the decoder of row r, for its output scale.
+template <class Row, typename MakeRow, typename Group>
 void register_rows(const LinearWeight& weight, const float* x, int64_t tokens, float* y, int64_t row_begin,
-                   int64_t row_end, const Group& group) {
+                   int64_t row_end, const MakeRow& make_row, const Group& group) {
   const int64_t in = weight.in_features;
   const int64_t out = weight.out_features;
   const int64_t tiles = (tokens + kMaxRegisterTokens - 1) / kMaxRegisterTokens;
@@ -334,7 +478,8 @@ void register_rows(const LinearWeight& weight, const float* x, int64_t tokens, f
       with_tile_size(count, [&]<int T>() {
         auto store = [&](int64_t r, const float* sums) {
           const float bias = weight.bias != nullptr ? weight.bias[r] : 0.0f;
-          for (int t = 0; t < T; ++t) y[(t0 + t) * out + r] = sums[t] + bias;
+          const Row row = make_row(r);
+          for (int t = 0; t < T; ++t) y[(t0 + t) * out + r] = finish_output(row, sums[t], bias);
         };
         constexpr int R = kRowsPerTile<Row, T>;
         int64_t r = block;
@@ -483,13 +628,14 @@ void gemm_rows(const LinearWeight& weight, const float* x, int64_t tokens, float
       const int64_t last_k0 = k0 - kGemmK;
       for (int64_t r = 0; r < rows; ++r) {
         const float bias = weight.bias != nullptr ? weight.bias[r0 + r] : 0.0f;
+        const Row row = make_row(r0 + r);
         for (int64_t tile = 0; tile < tiles; ++tile) {
           for (int64_t t = tile_begin[tile]; t < tile_begin[tile + 1]; ++t) {
             float sum = hsum(*acc_of(r, tile, t));
             for (int64_t k = vector_columns; k < in; ++k) {
               sum = fma_scalar(wbuf[r * kGemmK + (k - last_k0)], x[(t0 + t) * in + k], sum);
             }
-            y[(t0 + t) * out + r0 + r] = sum + bias;
+            y[(t0 + t) * out + r0 + r] = finish_output(row, sum, bias);
           }
         }
       }
@@ -501,8 +647,9 @@ void gemm_rows(const LinearWeight& weight, const float* x, int64_t tokens, float
 // token tile costs less than writing them to a buffer and reading them back. Measured per core at
 // 5760x2880 (GFLOP/s, registers vs GEMM): MXFP4 25.1 vs 24.7 at 16 tokens, 24.9 vs 27.6 at 24;
 // bf16 27.5 vs 27.9 at 32, 27.3 vs 31.0 at 64.
+// NVFP4 and FP8 were not measured: they take the thresholds of the formats they decode like.
 bool gemm_pays_off(WeightFormat format, int64_t tokens) {
-  return tokens >= (format == WeightFormat::MXFP4 ? 20 : 32);
+  return tokens >= (format == WeightFormat::MXFP4 || format == WeightFormat::NVFP4 ? 20 : 32);
 }
 
 // --- Small batches of a dense format: register tiles over L1-sized column blocks -----------
@@ -631,7 +778,7 @@ void batch_rows(const LinearWeight& weight, const float* x, int64_t tokens, floa
       for (int64_t t = 0; t < tokens; ++t) {
         float sum = hsum(accs[r * tokens + t]);
         for (int64_t i = chunks * kChunk; i < in; ++i) sum = fma_scalar(row.at(i), x[t * in + i], sum);
-        y[t * out + r0 + r] = sum + bias;
+        y[t * out + r0 + r] = finish_output(row, sum, bias);
       }
     }
   }
@@ -650,20 +797,22 @@ void dense_rows(const LinearWeight& weight, const float* x, int64_t tokens, floa
     return;
   }
   const int64_t in = weight.in_features;
-  register_rows<Row>(weight, x, tokens, y, row_begin, row_end, [&]<int R, int T>(int64_t r, const float* xt, float* sums) {
+  register_rows<Row>(weight, x, tokens, y, row_begin, row_end, make_row, [&]<int R, int T>(int64_t r, const float* xt, float* sums) {
     Row rows[R];
     for (int k = 0; k < R; ++k) rows[k] = make_row(r + k);
     register_tile<Row, R, T>(rows, in, xt, in, sums);
   });
 }
 
-// register_tile<Mxfp4Row, 4, 1> spelled out, on 128-bit halves: the single-token case decode
-// spends its time in. Each row's 8-lane accumulator is kept as two 4-lane halves (lanes 0..3 and
+// register_tile<Row, 4, 1> for the FP4 formats (Mxfp4Row, Nvfp4Row) spelled out, on 128-bit
+// halves: the single-token case decode spends its time in. Each row's 8-lane accumulator is kept as two 4-lane halves (lanes 0..3 and
 // 4..7), which is the same arithmetic lane for lane, and hsum adds the halves first exactly as
 // hsum of the 256-bit register does, so the order is the canonical one. Halves avoid joining the
 // decoder's 128-bit outputs into 256-bit vectors, a cross-lane move that competes with the FMAs
 // on Zen 1. Four rows cover the FMA latency of each row's dependency chain (4 FMAs per block).
-ANVIL_INLINE void mxfp4_one_token(const Mxfp4Row* rows, int64_t blocks, const float* x, float* sums) {
+template <class Row>
+ANVIL_INLINE void fp4_one_token(const Row* rows, int64_t in, const float* x, float* sums) {
+  const int64_t blocks = in / 32;
   __m128 a0 = _mm_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
   // register_rows walks rows in order, so the next four rows are most likely the next group:
   // fetch their codes (4 x 16 bytes per block, one cache line per iteration) and scales while
@@ -671,17 +820,17 @@ ANVIL_INLINE void mxfp4_one_token(const Mxfp4Row* rows, int64_t blocks, const fl
   // keeps ahead of: from DRAM this took 16.0 to 12.0 cycles per block per row on one Zen 1 core.
   // Prefetching past the end of the matrix is harmless (prefetches do not fault); the addresses
   // are formed as integers so that no out-of-bounds pointer is ever computed.
-  const uintptr_t next_codes = reinterpret_cast<uintptr_t>(rows[0].codes) + uintptr_t(4 * blocks * 16);
-  const uintptr_t next_scales = reinterpret_cast<uintptr_t>(rows[0].scales) + uintptr_t(4 * blocks);
+  const uintptr_t next_codes = reinterpret_cast<uintptr_t>(rows[0].codes) + uintptr_t(4 * (in / 2));
+  const uintptr_t next_scales = reinterpret_cast<uintptr_t>(rows[0].scales) + uintptr_t(4 * (in / 32) * Row::kScaleBytes);
   for (int64_t c = 0; c < blocks; ++c) {
     const float* xc = x + c * 32;
     _mm_prefetch(reinterpret_cast<const char*>(next_codes + uintptr_t(c) * 64), _MM_HINT_T0);
-    if (c < 8) _mm_prefetch(reinterpret_cast<const char*>(next_scales + uintptr_t(c) * 64), _MM_HINT_T0);
-    auto row = [&](const Mxfp4Row& r, __m128& lo, __m128& hi) {
-      const Mxfp4Row::Chunk chunk = r.load(c);
+    if (c < 8 * Row::kScaleBytes) _mm_prefetch(reinterpret_cast<const char*>(next_scales + uintptr_t(c) * 64), _MM_HINT_T0);
+    auto row = [&](const Row& r, __m128& lo, __m128& hi) {
+      const typename Row::Chunk chunk = r.load(c);
       static_for<0, 4>([&]<int v>() {
-        lo = _mm_fmadd_ps(Mxfp4Row::low_half(chunk, v), _mm_loadu_ps(xc + 8 * v), lo);
-        hi = _mm_fmadd_ps(Mxfp4Row::high_half(chunk, v), _mm_loadu_ps(xc + 8 * v + 4), hi);
+        lo = _mm_fmadd_ps(Row::low_half(chunk, v), _mm_loadu_ps(xc + 8 * v), lo);
+        hi = _mm_fmadd_ps(Row::high_half(chunk, v), _mm_loadu_ps(xc + 8 * v + 4), hi);
       });
     };
     row(rows[0], a0, b0);
@@ -689,38 +838,40 @@ ANVIL_INLINE void mxfp4_one_token(const Mxfp4Row* rows, int64_t blocks, const fl
     row(rows[2], a2, b2);
     row(rows[3], a3, b3);
   }
-  auto finish = [](__m128 lo, __m128 hi) {
+  // The tail (an NVFP4 row of 32k + 16 elements), one fma at a time after hsum, as everywhere.
+  auto finish = [&](const Row& r, __m128 lo, __m128 hi) {
     __m128 s = _mm_add_ps(lo, hi);
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    float sum = _mm_cvtss_f32(s);
+    for (int64_t i = blocks * 32; i < in; ++i) sum = fma_scalar(r.at(i), x[i], sum);
+    return sum;
   };
-  sums[0] = finish(a0, b0);
-  sums[1] = finish(a1, b1);
-  sums[2] = finish(a2, b2);
-  sums[3] = finish(a3, b3);
+  sums[0] = finish(rows[0], a0, b0);
+  sums[1] = finish(rows[1], a1, b1);
+  sums[2] = finish(rows[2], a2, b2);
+  sums[3] = finish(rows[3], a3, b3);
 }
 
-void mxfp4_rows(const LinearWeight& weight, const float* x, int64_t tokens, float* y, int64_t row_begin,
-                int64_t row_end) {
+// MXFP4 and NVFP4: register tiles, with fp4_one_token for single tokens, up to gemm_pays_off.
+template <class Row, typename MakeRow>
+void fp4_rows(const LinearWeight& weight, const float* x, int64_t tokens, float* y, int64_t row_begin,
+              int64_t row_end, const MakeRow& make_row) {
   const int64_t in = weight.in_features;
-  const int64_t blocks = in / 32;
   const uint8_t* codes = static_cast<const uint8_t*>(weight.data);
-  const uint8_t* scales = weight.scales;
-  auto make_row = [&](int64_t r) { return Mxfp4Row{codes + r * blocks * 16, scales + r * blocks}; };
   if (gemm_pays_off(weight.format, tokens)) {
-    gemm_rows<Mxfp4Row>(
+    gemm_rows<Row>(
         weight, x, tokens, y, row_begin, row_end, make_row,
-        [&](int64_t r) { return reinterpret_cast<const char*>(codes + r * blocks * 16); }, 1);
+        [&](int64_t r) { return reinterpret_cast<const char*>(codes + r * (in / 2)); }, 1);
     return;
   }
-  register_rows<Mxfp4Row>(weight, x, tokens, y, row_begin, row_end, [&]<int R, int T>(int64_t r, const float* xt, float* sums) {
-    Mxfp4Row rows[R];
+  register_rows<Row>(weight, x, tokens, y, row_begin, row_end, make_row, [&]<int R, int T>(int64_t r, const float* xt, float* sums) {
+    Row rows[R];
     for (int k = 0; k < R; ++k) rows[k] = make_row(r + k);
     if constexpr (R == 4 && T == 1) {
-      mxfp4_one_token(rows, blocks, xt, sums);
+      fp4_one_token(rows, in, xt, sums);
     } else {
-      register_tile<Mxfp4Row, R, T>(rows, in, xt, in, sums);
+      register_tile<Row, R, T>(rows, in, xt, in, sums);
     }
   });
 }
@@ -728,7 +879,7 @@ void mxfp4_rows(const LinearWeight& weight, const float* x, int64_t tokens, floa
 }  // namespace
 
 bool linear_avx2_needs_packed_x(WeightFormat format) {
-  return format == WeightFormat::BF16 || format == WeightFormat::MXFP4;
+  return format == WeightFormat::BF16 || format == WeightFormat::MXFP4 || format == WeightFormat::NVFP4;
 }
 
 void linear_avx2_pack_x(WeightFormat format, const float* x, int64_t tokens, int64_t in, float* packed) {
@@ -743,9 +894,10 @@ void linear_avx2_pack_x(WeightFormat format, const float* x, int64_t tokens, int
           dst[i + 8 + j] = src[i + 2 * j + 1];
         }
       }
-    } else if (format == WeightFormat::MXFP4) {
+    } else if (format == WeightFormat::MXFP4 || format == WeightFormat::NVFP4) {
+      const uint8_t* order = format == WeightFormat::MXFP4 ? kMxfp4PackOrder.element : kNvfp4PackOrder.element;
       for (; i + 32 <= in; i += 32) {
-        for (int p = 0; p < 32; ++p) dst[i + p] = src[i + kMxfp4PackOrder.element[p]];
+        for (int p = 0; p < 32; ++p) dst[i + p] = src[i + order[p]];
       }
     }
     for (; i < in; ++i) dst[i] = src[i];
@@ -778,7 +930,27 @@ void linear_avx2_rows(const LinearWeight& weight, const float* x_packed, int64_t
           [&](int64_t r) { return data + r * in * 2; }, 4);
       return;
     }
-    case WeightFormat::MXFP4: mxfp4_rows(weight, x_packed, tokens, y, row_begin, row_end); return;
+    case WeightFormat::MXFP4: {
+      const uint8_t* codes = static_cast<const uint8_t*>(weight.data);
+      fp4_rows<Mxfp4Row>(weight, x_packed, tokens, y, row_begin, row_end,
+                         [&](int64_t r) { return Mxfp4Row{codes + r * (in / 2), weight.scales + r * (in / 32)}; });
+      return;
+    }
+    case WeightFormat::NVFP4: {
+      const uint8_t* codes = static_cast<const uint8_t*>(weight.data);
+      fp4_rows<Nvfp4Row>(weight, x_packed, tokens, y, row_begin, row_end, [&](int64_t r) {
+        return Nvfp4Row{codes + r * (in / 2), weight.scales + r * (in / 16), weight.global_scale};
+      });
+      return;
+    }
+    case WeightFormat::FP8: {
+      const uint8_t* w = static_cast<const uint8_t*>(weight.data);
+      dense_rows<Fp8Row>(
+          weight, x_packed, tokens, y, row_begin, row_end,
+          [&](int64_t r) { return Fp8Row{w + r * in, weight.row_scales[r] * 256.0f}; },
+          [&](int64_t r) { return data + r * in; }, 2);
+      return;
+    }
   }
 }
 

@@ -1,0 +1,214 @@
+#include "backend/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace anvil {
+
+namespace {
+
+const char* target_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::MXFP4: return "MXFP4";
+    case WeightFormat::NVFP4: return "NVFP4";
+    case WeightFormat::FP8: return "FP8";
+    default: return nullptr;
+  }
+}
+
+constexpr int64_t kRowGrain = 16;
+
+// E4M3 1.0: ModelOpt's replacement for a block scale that rounds to zero.
+constexpr uint8_t kE4m3One = 0x38;
+
+void quantize_mxfp4_row(const float* w, int64_t in, uint8_t* codes, uint8_t* scales) {
+  for (int64_t b = 0; b < in / 32; ++b) {
+    const float* block = w + b * 32;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(block[i]));
+    const uint8_t scale = mxfp4_shared_scale(amax);
+    scales[b] = scale;
+    // Dividing by a power of two is exact (short of subnormal results).
+    for (int i = 0; i < 32; i += 2) {
+      const uint8_t even = f32_to_e2m1(std::ldexp(block[i], 127 - int(scale)));
+      const uint8_t odd = f32_to_e2m1(std::ldexp(block[i + 1], 127 - int(scale)));
+      codes[b * 16 + i / 2] = uint8_t(even | odd << 4);
+    }
+  }
+}
+
+void quantize_nvfp4_row(const float* w, int64_t in, float global, uint8_t* codes, uint8_t* scales) {
+  for (int64_t b = 0; b < in / 16; ++b) {
+    const float* block = w + b * 16;
+    float amax = 0.0f;
+    for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(block[i]));
+    uint8_t scale = f32_to_e4m3(amax / (6.0f * global));
+    if ((scale & 0x7f) == 0) scale = kE4m3One;
+    scales[b] = scale;
+    const float divisor = fp8_e4m3_to_f32(scale) * global;
+    for (int i = 0; i < 16; i += 2) {
+      const uint8_t even = f32_to_e2m1(block[i] / divisor);
+      const uint8_t odd = f32_to_e2m1(block[i + 1] / divisor);
+      codes[b * 8 + i / 2] = uint8_t(even | odd << 4);
+    }
+  }
+}
+
+}  // namespace
+
+uint8_t f32_to_e2m1(float x) {
+  const uint8_t sign = std::signbit(x) ? 8 : 0;
+  const float a = std::fabs(x);
+  // Midpoints between the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; a tie goes to the even code.
+  uint8_t code;
+  if (a <= 0.25f) {
+    code = 0;
+  } else if (a < 0.75f) {
+    code = 1;
+  } else if (a <= 1.25f) {
+    code = 2;
+  } else if (a < 1.75f) {
+    code = 3;
+  } else if (a <= 2.5f) {
+    code = 4;
+  } else if (a < 3.5f) {
+    code = 5;
+  } else if (a <= 5.0f) {
+    code = 6;
+  } else {
+    code = 7;
+  }
+  return uint8_t(sign | code);
+}
+
+uint8_t f32_to_e4m3(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const float a = std::fabs(x);
+  if (a >= 448.0f) return uint8_t(sign | 0x7e);
+  if (a == 0.0f) return sign;
+  const int e = std::ilogb(a);
+  if (e < -6) {
+    // Subnormal: units of 2^-9, and 8 units is the smallest normal, code 0x08: the code is the count.
+    return uint8_t(sign | int(std::nearbyint(std::ldexp(a, 9))));
+  }
+  // 8 + mantissa in units of 2^(e - 3); 16 carries into the next exponent, which the sum does too.
+  const int q = int(std::nearbyint(std::ldexp(a, 3 - e)));
+  const int code = std::min(((e + 7) << 3) + (q - 8), 0x7e);
+  return uint8_t(sign | code);
+}
+
+uint8_t mxfp4_shared_scale(float amax) {
+  if (amax == 0.0f) return 0;
+  const int exponent = std::clamp(std::ilogb(amax) - 2, -127, 127);
+  return uint8_t(exponent + 127);
+}
+
+QuantizedLinear quantize_linear(const LinearWeight& source, WeightFormat target, const std::string& name,
+                                ThreadPool& pool) {
+  const char* target_text = target_name(target);
+  if (target_text == nullptr) fail("{}: can only be quantized to MXFP4, NVFP4 or FP8", name);
+  const int64_t out = source.out_features, in = source.in_features;
+  const int64_t block = target == WeightFormat::MXFP4 ? 32 : target == WeightFormat::NVFP4 ? 16 : 1;
+  if (in % block != 0) {
+    fail("{}: in_features {} is not a multiple of {}, the {} block size", name, in, block, target_text);
+  }
+  if (out > 0) {
+    std::vector<float> probe(static_cast<size_t>(in));
+    linear_decode_row(source, 0, probe.data());  // validates the layer here rather than on a worker
+  }
+
+  // Pass 1: each row's largest magnitude, and its first non-finite weight. Workers must not throw,
+  // so the error is raised here afterwards.
+  std::vector<float> row_amax(size_t(out), 0.0f);
+  std::vector<int64_t> bad_column(size_t(out), -1);
+  pool.parallel_for(
+      out,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> w(static_cast<size_t>(in));
+        for (int64_t r = begin; r < end; ++r) {
+          linear_decode_row(source, r, w.data());
+          float amax = 0.0f;
+          for (int64_t i = 0; i < in; ++i) {
+            if (!std::isfinite(w[size_t(i)])) {
+              bad_column[size_t(r)] = i;
+              break;
+            }
+            amax = std::max(amax, std::fabs(w[size_t(i)]));
+          }
+          row_amax[size_t(r)] = amax;
+        }
+      },
+      kRowGrain);
+  for (int64_t r = 0; r < out; ++r) {
+    if (bad_column[size_t(r)] >= 0) {
+      fail("{}: weight [{}, {}] is not finite, so the layer cannot be quantized to {}", name, r,
+           bad_column[size_t(r)], target_text);
+    }
+  }
+
+  QuantizedLinear result;
+  LinearWeight& weight = result.weight_;
+  weight.format = target;
+  weight.out_features = out;
+  weight.in_features = in;
+  weight.bias = source.bias;
+  const size_t elements = size_t(out) * size_t(in);
+  if (target == WeightFormat::FP8) {
+    result.data_.resize(elements);
+    result.row_scales_.resize(size_t(out));
+  } else {
+    result.data_.resize(elements / 2);
+    result.scales_.resize(elements / size_t(block));
+  }
+  if (target == WeightFormat::NVFP4) {
+    const float amax = out > 0 ? *std::max_element(row_amax.begin(), row_amax.end()) : 0.0f;
+    // A tensor whose largest weight is below about 2^-138 has a global scale that underflows; its
+    // weights all quantize to zero with any scale, so 1 serves as for an all-zero tensor.
+    const float global = amax / (6.0f * 448.0f);
+    weight.global_scale = global > 0.0f ? global : 1.0f;
+  }
+
+  pool.parallel_for(
+      out,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> w(static_cast<size_t>(in));
+        for (int64_t r = begin; r < end; ++r) {
+          linear_decode_row(source, r, w.data());
+          switch (target) {
+            case WeightFormat::MXFP4:
+              quantize_mxfp4_row(w.data(), in, result.data_.data() + r * in / 2, result.scales_.data() + r * in / 32);
+              break;
+            case WeightFormat::NVFP4:
+              quantize_nvfp4_row(w.data(), in, weight.global_scale, result.data_.data() + r * in / 2,
+                                 result.scales_.data() + r * in / 16);
+              break;
+            default: {
+              // As for NVFP4's global scale: a row too small for amax / 448 to be nonzero is all zeros.
+              const float scale = row_amax[size_t(r)] / 448.0f > 0.0f ? row_amax[size_t(r)] / 448.0f : 1.0f;
+              result.row_scales_[size_t(r)] = scale;
+              uint8_t* codes = result.data_.data() + r * in;
+              for (int64_t i = 0; i < in; ++i) codes[i] = f32_to_e4m3(w[size_t(i)] / scale);
+              break;
+            }
+          }
+        }
+      },
+      kRowGrain);
+
+  weight.data = result.data_.data();
+  weight.scales = result.scales_.empty() ? nullptr : result.scales_.data();
+  weight.row_scales = result.row_scales_.empty() ? nullptr : result.row_scales_.data();
+  return result;
+}
+
+LinearWeight QuantizedStore::convert(const LinearWeight& source, std::optional<WeightFormat> target,
+                                     const std::string& name, ThreadPool& pool) {
+  if (!target || *target == source.format) return source;
+  layers_.push_back(std::make_unique<QuantizedLinear>(quantize_linear(source, *target, name, pool)));
+  return layers_.back()->weight();
+}
+
+}  // namespace anvil
