@@ -34,8 +34,12 @@ using namespace gemm;
 // Weight chunks in flight per warp, as a ring of registers refilled every step: loads leave in
 // a steady stream instead of bursts, which is what keeps small layers (a few MB, latency-bound)
 // near bandwidth. Token rows (L1/L2-resident) are fetched one chunk ahead.
+#ifndef ANVIL_GEMV_DEPTH1
+#define ANVIL_GEMV_DEPTH1 4  // chunks in flight per warp at one token tile (harness on an H200, batch 1:
+                             // 4 beat 6, 8, 10, 12 at the gpt-oss shapes, e.g. lm_head 280 vs 292 us)
+#endif
 template <int kTokenTiles>
-constexpr int kGemvDepth = kTokenTiles >= 2 ? 4 : 6;
+constexpr int kGemvDepth = kTokenTiles >= 2 ? 4 : ANVIL_GEMV_DEPTH1;
 
 // Two blocks (16 warps) per SM keep enough loads in flight; the 128-register cap that implies is
 // met without spills.
