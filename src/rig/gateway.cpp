@@ -4,16 +4,13 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "core/error.h"
 #include "rig/metrics.h"
 #include "rig/process.h"
+#include "rig/upstream.h"
 #include "server/api_error.h"
 #include "server/auth.h"
 #include "server/log.h"
@@ -30,28 +27,23 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(server::dump_json(server::error_body(status, message, param)), "application/json");
 }
 
-// One proxied response on its way from the backend to the client. Until the client's content
-// provider runs, the upstream thread queues chunks (bounded: a slow client holds the backend
-// back); once it runs, the provider hands its sink over and sleeps, and the upstream thread
-// writes each chunk straight to the client as it arrives: no second hand-off per token.
-struct Pipe {
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool headers_ready = false;
-  int status = 0;
-  httplib::Headers headers;
-  std::deque<std::string> chunks;
-  size_t buffered = 0;
-  bool finished = false;
-  bool cancelled = false;  // the client went away: stop reading from the backend
-  httplib::DataSink* sink = nullptr;  // set while the provider waits for the upstream thread
-  std::string error;
-  static constexpr size_t kMaxBuffered = size_t(4) << 20;
+// httplib listens with its compiled-in backlog of 5: a burst of new client connections (a
+// benchmark opening its streams, a batch job starting) overflows it, and the dropped SYNs come
+// back only after TCP's one-second retransmit timeout. Listening again widens the queue.
+class Listener : public httplib::Server {
+ public:
+  void widen_backlog() {
+    const auto fd = svr_sock_.load();
+    if (fd != INVALID_SOCKET) ::listen(fd, SOMAXCONN);
+  }
 };
 
 bool hop_by_hop(const std::string& name) {
-  static const char* const names[] = {"Host",       "Content-Length", "Connection",  "Transfer-Encoding", "Keep-Alive",
-                                      "Accept-Encoding", "REMOTE_ADDR", "REMOTE_PORT", "LOCAL_ADDR",        "LOCAL_PORT"};
+  // Framing and connection handling are each hop's own; REMOTE_ADDR and the like are httplib's
+  // notes about the client's socket, not headers it sent.
+  static const char* const names[] = {"Host",    "Content-Length", "Connection",  "Transfer-Encoding", "Keep-Alive",
+                                      "Accept-Encoding", "Expect", "TE",       "Trailer",     "Upgrade",
+                                      "Proxy-Connection", "REMOTE_ADDR", "REMOTE_PORT", "LOCAL_ADDR", "LOCAL_PORT"};
   return std::any_of(std::begin(names), std::end(names),
                      [&](const char* hop) { return strcasecmp(hop, name.c_str()) == 0; });
 }
@@ -61,9 +53,9 @@ bool hop_by_hop(const std::string& name) {
 struct Gateway::Impl {
   const RigConfig& config;
   Supervisor& supervisor;
-  httplib::Server http;
+  Listener http;
   ProxyMetrics metrics;
-  std::atomic<int> proxies{0};
+  UpstreamPool upstreams;
   int port = 0;
   Clock::time_point started = Clock::now();
 
@@ -194,124 +186,77 @@ void Gateway::Impl::proxy(const httplib::Request& req, httplib::Response& res) {
     return;
   }
 
-  auto pipe = std::make_shared<Pipe>();
-  auto upstream = std::make_shared<httplib::Request>();
-  upstream->method = "POST";
-  upstream->path = req.target.empty() ? req.path : req.target;
+  UpstreamRequest upstream;
+  upstream.target = req.target.empty() ? req.path : req.target;
   for (const auto& [name, value] : req.headers) {
     if (hop_by_hop(name)) continue;
     if (!config.api_key.empty() && strcasecmp(name.c_str(), "Authorization") == 0) continue;  // the rig's key, not the backend's
-    upstream->headers.emplace(name, value);
+    upstream.headers.emplace(name, value);
   }
-  upstream->body = std::move(upstream_body);
-  upstream->response_handler = [pipe](const httplib::Response& response) {
-    const std::lock_guard lock(pipe->mutex);
-    pipe->status = response.status;
-    pipe->headers = response.headers;
-    pipe->headers_ready = true;
-    pipe->changed.notify_all();
-    return !pipe->cancelled;
-  };
-  upstream->content_receiver = [pipe](const char* data, size_t length, uint64_t, uint64_t) {
-    std::unique_lock lock(pipe->mutex);
-    if (pipe->sink && !pipe->cancelled) {
-      if (pipe->sink->write(data, length)) return true;
-      pipe->cancelled = true;
-      pipe->changed.notify_all();
-      return false;
-    }
-    pipe->changed.wait(lock, [&] { return pipe->cancelled || pipe->sink || pipe->buffered < Pipe::kMaxBuffered; });
-    if (pipe->cancelled) return false;
-    if (pipe->sink) {
-      if (pipe->sink->write(data, length)) return true;
-      pipe->cancelled = true;
-      pipe->changed.notify_all();
-      return false;
-    }
-    pipe->chunks.emplace_back(data, length);
-    pipe->buffered += length;
-    pipe->changed.notify_all();
-    return true;
-  };
-  auto first_byte = std::make_shared<double>(0);
-  ++proxies;
-  // The lease travels with the upstream call: the backend counts as busy until its answer is read.
-  std::thread([this, pipe, upstream, lease, port = lease->port(), first_byte, arrived, name = model->name]() mutable {
-    httplib::Client client("127.0.0.1", port);
-    client.set_connection_timeout(10, 0);
-    client.set_read_timeout(3600, 0);  // a long reasoning answer may be silent for minutes
-    client.set_write_timeout(60, 0);
-    client.set_tcp_nodelay(true);
-    const auto result = client.send(*upstream);
-    int status = 0;
-    {
-      const std::lock_guard lock(pipe->mutex);
-      if (!pipe->headers_ready) pipe->error = httplib::to_string(result.error());
-      pipe->finished = true;
-      status = pipe->headers_ready ? pipe->status : 502;
-      pipe->changed.notify_all();
-    }
-    lease.reset();
-    metrics.record(name, status, *first_byte, std::chrono::duration<double>(Clock::now() - arrived).count());
-    --proxies;
-  }).detach();
-
-  std::unique_lock lock(pipe->mutex);
-  pipe->changed.wait(lock, [&] { return pipe->headers_ready || pipe->finished; });
-  *first_byte = std::chrono::duration<double>(Clock::now() - arrived).count();
-  if (!pipe->headers_ready)
+  upstream.body = std::move(upstream_body);
+  // This thread sends the request and then streams the answer itself: no thread per request and
+  // no hand-off between threads for the first chunk or any other.
+  auto answer = std::make_shared<UpstreamResponse>(upstreams, lease->port(), upstream);
+  const double first_byte = std::chrono::duration<double>(Clock::now() - arrived).count();
+  auto seconds_since = [arrived] { return std::chrono::duration<double>(Clock::now() - arrived).count(); };
+  if (answer->status() == 0) {
+    metrics.record(model->name, 502, first_byte, seconds_since());
     return send_error(res, 502, fmt::format("model {}'s backend (port {}) gave no answer: {}", model->name,
-                                            lease->port(), pipe->error));
-  res.status = pipe->status;
+                                            lease->port(), answer->error()));
+  }
+  res.status = answer->status();
   std::string content_type = "application/octet-stream";
-  for (const auto& [name, value] : pipe->headers) {
+  for (const auto& [name, value] : answer->headers()) {
     if (hop_by_hop(name)) continue;
     if (strcasecmp(name.c_str(), "Content-Type") == 0) content_type = value;
     else res.headers.emplace(name, value);
   }
-  lease.reset();
+  if (!answer->chunked()) {
+    // A whole answer (not a stream): read it here and send it with its length.
+    std::string whole;
+    if (!answer->read_all(whole)) {
+      res.headers.clear();
+      metrics.record(model->name, 502, first_byte, seconds_since());
+      return send_error(res, 502, fmt::format("model {}'s backend (port {}) broke off its answer: {}", model->name,
+                                              lease->port(), answer->error()));
+    }
+    answer.reset();  // the connection back to the pool before the backend is released
+    lease.reset();
+    res.set_content(std::move(whole), content_type);
+    metrics.record(model->name, res.status, first_byte, seconds_since());
+    return;
+  }
+  // The lease travels with the stream: the backend counts as busy until its answer is read.
   res.set_chunked_content_provider(
       content_type,
-      [pipe](size_t, httplib::DataSink& sink) {
-        std::unique_lock guard(pipe->mutex);
-        while (!pipe->chunks.empty()) {
-          const std::string chunk = std::move(pipe->chunks.front());
-          pipe->chunks.pop_front();
-          pipe->buffered -= chunk.size();
-          pipe->changed.notify_all();
-          guard.unlock();
-          if (!sink.write(chunk.data(), chunk.size())) {
-            guard.lock();
-            pipe->cancelled = true;
-            pipe->changed.notify_all();
+      [answer](size_t, httplib::DataSink& sink) {
+        std::string piece;
+        while (answer->read(piece))
+          if (!sink.write(piece.data(), piece.size())) {
+            answer->abandon();  // the client went away: so does the backend's connection, and its work
             return false;
           }
-          guard.lock();
-        }
-        if (!pipe->finished) {
-          // The backlog is out (checked under the lock), so from here the upstream thread writes.
-          pipe->sink = &sink;
-          pipe->changed.notify_all();
-          pipe->changed.wait(guard, [&] { return pipe->finished || pipe->cancelled; });
-          pipe->sink = nullptr;
-          if (pipe->cancelled) return false;
-        }
+        // A stream the backend broke off ends without its last chunk, so the client sees it broken.
+        if (!answer->error().empty()) return false;
         sink.done();
         return true;
       },
-      [pipe](bool success) {
-        if (success) return;
-        const std::lock_guard guard(pipe->mutex);
-        pipe->cancelled = true;
-        pipe->changed.notify_all();
+      [this, answer, lease, first_byte, seconds_since, status = res.status, name = model->name](bool success) mutable {
+        const bool complete = success && answer->error().empty();
+        answer.reset();
+        lease.reset();
+        metrics.record(name, complete ? status : 502, first_byte, seconds_since());
       });
 }
 
 Gateway::Gateway(const RigConfig& config, Supervisor& supervisor) : impl_(std::make_unique<Impl>(config, supervisor)) {
-  // Every waiting or proxied request holds a worker; the pool covers a full queue per model.
-  size_t threads = 32;
-  for (size_t i = 0; i < config.models.size(); ++i) threads += size_t(config.max_waiting) + 8;
-  threads = std::min<size_t>(threads, 1024);
+  // httplib serves each client connection on one worker for as long as it stays open: every
+  // stream in flight, every request waiting for its backend to start and every idle kept-alive
+  // connection holds one, and a connection beyond the pool waits unseen in its queue. Room for
+  // 256 of those besides a full wait queue per model; idle threads cost only address space.
+  size_t threads = 256;
+  for (size_t i = 0; i < config.models.size(); ++i) threads += size_t(config.max_waiting);
+  threads = std::min<size_t>(threads, 4096);
   impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   impl_->http.set_read_timeout(60);
   impl_->http.set_write_timeout(60);
@@ -327,17 +272,14 @@ Gateway::Gateway(const RigConfig& config, Supervisor& supervisor) : impl_(std::m
   impl_->routes();
 }
 
-Gateway::~Gateway() {
-  stop();
-  // Detached upstream threads reference this object; let them see their streams end.
-  for (int i = 0; i < 200 && impl_->proxies > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-}
+Gateway::~Gateway() { stop(); }
 
 void Gateway::bind(int port) {
   const std::string& host = impl_->config.host;
   if (port == 0) {
     impl_->port = impl_->http.bind_to_any_port(host);
     if (impl_->port <= 0) fail("cannot listen on {} (address not available)", host);
+    impl_->http.widen_backlog();
     return;
   }
   if (!impl_->http.bind_to_port(host, port)) {
@@ -347,6 +289,7 @@ void Gateway::bind(int port) {
     fail("cannot listen on {}:{} (address in use or not available)", host, port);
   }
   impl_->port = port;
+  impl_->http.widen_backlog();
 }
 
 int Gateway::port() const { return impl_->port; }
