@@ -284,13 +284,29 @@ struct Engine::Impl {
       batch.sequences.push_back(step);
     }
     const int64_t vocab = engine.model_->config().vocab_size;
-    bool all_greedy = true;
-    for (size_t i = 0; i < plan.size(); ++i)
-      if (batch.sequences[i].need_logits && !plain_greedy(*plan[i].seq)) all_greedy = false;
-    std::vector<int32_t> greedy_ids;
+    bool all_greedy = true, all_plain = true;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      if (!batch.sequences[i].need_logits) continue;
+      if (!plain_greedy(*plan[i].seq)) all_greedy = false;
+      if (!plain_sampling(*plan[i].seq)) all_plain = false;
+    }
+    // Tokens picked on the model's device come back as ids alone: the argmax when every row is
+    // greedy, else a GPU model's draw when no row needs the logits on the host.
+    const bool on_device = all_greedy || (all_plain && engine.model_->device() == Device::Cuda);
+    std::vector<int32_t> device_ids;
     if (all_greedy) {
-      greedy_ids.resize(size_t(batch.logit_rows()));
-      engine.model_->forward_argmax(batch, cache.storage(), greedy_ids.data());
+      device_ids.resize(size_t(batch.logit_rows()));
+      engine.model_->forward_argmax(batch, cache.storage(), device_ids.data());
+    } else if (on_device) {
+      std::vector<RowSampling> rows;
+      for (size_t i = 0; i < plan.size(); ++i) {
+        if (!batch.sequences[i].need_logits) continue;
+        Sampler& sampler = *plan[i].seq->sampler;
+        // Greedy rows draw nothing, as on the host, so a seeded stream stays in step.
+        rows.push_back(to_row_sampling(sampler.params(), sampler.params().greedy() ? 0.0 : sampler.next_uniform()));
+      }
+      device_ids.resize(rows.size());
+      engine.model_->forward_sample(batch, cache.storage(), rows.data(), device_ids.data());
     } else {
       logits.resize(size_t(batch.logit_rows() * vocab));
       engine.model_->forward(batch, cache.storage(), logits.data());
@@ -306,8 +322,8 @@ struct Engine::Impl {
       if (config.enable_prefix_caching)
         cache.register_full_blocks(seq.kv, std::span<const int32_t>(seq.tokens.data(), size_t(seq.computed)));
       if (!batch.sequences[size_t(&s - plan.data())].need_logits) continue;
-      const bool done = all_greedy ? emit(seq, GeneratedToken{greedy_ids[size_t(row)], 0.0f, {}})
-                                   : sample_and_emit(seq, logits.data() + row * vocab, vocab);
+      const bool done = on_device ? emit(seq, GeneratedToken{device_ids[size_t(row)], 0.0f, {}})
+                                  : sample_and_emit(seq, logits.data() + row * vocab, vocab);
       if (done) finished.push_back(&seq);
       ++row;
     }
@@ -398,10 +414,15 @@ struct Engine::Impl {
   // Whether this sequence's next token is the plain argmax of the raw logits, so the model may
   // pick it on its device and send back the id alone (no penalties, masks, logprobs or draws).
   static bool plain_greedy(const Sequence& seq) {
+    return seq.params.sampling.greedy() && plain_sampling(seq);
+  }
+
+  // Whether this sequence's next token is a plain draw from the raw logits (temperature, top-k,
+  // top-p, min-p only), which a GPU model can make on its device.
+  static bool plain_sampling(const Sequence& seq) {
     const RequestParams& p = seq.params;
-    return (p.sampling.temperature == 0.0f || p.sampling.top_k == 1) && p.top_logprobs < 0 && !p.constraint &&
-           p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-           seq.generated() >= p.min_tokens;
+    return p.top_logprobs < 0 && !p.constraint && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+           p.frequency_penalty == 0.0f && seq.generated() >= p.min_tokens;
   }
 
   // Appends the chosen token and reports it; returns true when the sequence is finished.

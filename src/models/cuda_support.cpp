@@ -229,19 +229,35 @@ constexpr size_t kMaxGraphs = 128;
 
 void CudaStepRunner::run(const StepBatch& batch, const KvLayout& layout, const ModelConfig& config,
                          const std::vector<KvGroupStorage>& kv_cache, float* logits, int32_t* token_ids,
-                         const std::function<void(bool argmax)>& enqueue) {
+                         const std::function<void(bool argmax)>& enqueue, const RowSampling* sampling) {
   const cuda::Stream s = stream.get();
-  const bool argmax = token_ids != nullptr;
+  const Mode mode = token_ids == nullptr ? Mode::Logits : sampling ? Mode::Sample : Mode::Greedy;
   // Decode steps get graph-shaped metadata whether or not graphs are on, so that
   // --enforce-eager computes bit for bit what the graphs do.
   const bool decode = !batch.sequences.empty() && batch.tokens.size() == batch.sequences.size() &&
                       batch.tokens.size() <= size_t(kMaxGraphRows);
   step.upload(batch, layout, config, s, decode);
+  // The draw's parameters go to a fixed device buffer that a captured graph reads, ahead of the
+  // step on the same stream; the buffers are taken before any capture, which must not allocate.
+  RowSampling* device_sampling = nullptr;
+  int32_t* sampled_ids = nullptr;
+  if (mode == Mode::Sample && step.logit_rows > 0) {
+    device_sampling = arena.get<RowSampling>(kSamplingSlot, step.logit_rows);
+    sampled_ids = arena.get<int32_t>(kSampledIdsSlot, step.logit_rows);
+    cuda::copy_to_device(device_sampling, sampling, size_t(step.logit_rows) * sizeof(RowSampling), s);
+  }
+  auto enqueue_step = [&] {
+    enqueue(mode == Mode::Greedy);
+    if (mode == Mode::Sample && step.logit_rows > 0) {
+      cuda::sample_rows(device_logits, step.logit_rows, config.vocab_size, device_sampling, sampled_ids, s);
+      marks.record("sample");
+    }
+  };
   if (!decode || !graphs_enabled || marks.enabled()) {
     marks.record("start");
-    enqueue(argmax);
+    enqueue_step();
   } else {
-    GraphKey key{step.rows, step.logit_rows, argmax, {}, {}};
+    GraphKey key{step.rows, step.logit_rows, mode, {}, {}};
     for (const auto& view : step.groups) key.strides.push_back(view.max_blocks);
     for (const auto& storage : kv_cache) key.caches.push_back(storage.device_keys(0));
     // Each cache a caller creates (a bench, a test) makes new keys; keep the map bounded.
@@ -258,7 +274,7 @@ void CudaStepRunner::run(const StepBatch& batch, const KvLayout& layout, const M
       // capture allocates nothing.
       cuda::StreamGraph::begin_capture(s);
       try {
-        enqueue(argmax);
+        enqueue_step();
         entry.graph.end_capture(s);
       } catch (...) {
         cuda::StreamGraph::abort_capture(s);
@@ -266,17 +282,18 @@ void CudaStepRunner::run(const StepBatch& batch, const KvLayout& layout, const M
       }
       entry.graph.launch(s);
     } else {
-      enqueue(argmax);
+      enqueue_step();
       entry.warm = true;
       entry.step_generation = step.generation();
       entry.arena_generation = arena.generation();
     }
   }
   if (step.logit_rows > 0) {
-    if (argmax)
-      cuda::copy_to_host(token_ids, device_ids, size_t(step.logit_rows) * sizeof(int32_t), s);
-    else
+    if (mode == Mode::Logits)
       cuda::copy_to_host(logits, device_logits, size_t(step.logit_rows * config.vocab_size) * sizeof(float), s);
+    else
+      cuda::copy_to_host(token_ids, mode == Mode::Sample ? sampled_ids : device_ids,
+                         size_t(step.logit_rows) * sizeof(int32_t), s);
   }
   cuda::synchronize(s);
 }

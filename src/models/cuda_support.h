@@ -96,7 +96,8 @@ class DeviceArena {
 // What a model's CUDA step needs around its kernels: its own stream, the step's metadata on the
 // device, scratch, and decode steps replayed as CUDA graphs. A model supplies `enqueue`, which
 // puts the whole step (embedding to logits, and their argmax when asked) on `stream` reading only
-// device memory, and leaves the results in device_logits / device_ids.
+// device memory, and leaves the results in device_logits / device_ids. Sampling is the runner's:
+// it follows enqueue with cuda::sample_rows in the same graph.
 class CudaStepRunner {
  public:
   cuda::OwnedStream stream;
@@ -108,17 +109,22 @@ class CudaStepRunner {
   int32_t* device_ids = nullptr;   // [step.logit_rows], set by enqueue when argmax
 
   // Uploads the batch, runs the step (a decode step, one new token per sequence, replays a graph
-  // once its shape has run before with the same buffers), and copies the logits, or with
-  // token_ids only their argmax per row, to the host.
+  // once its shape has run before with the same buffers), and copies to the host the logits, or
+  // with token_ids one token per logit row: with `sampling` (host, [logit_rows]) each row's draw
+  // (backend/sampling_rule.h), else its argmax.
   void run(const StepBatch& batch, const KvLayout& layout, const ModelConfig& config,
            const std::vector<KvGroupStorage>& kv_cache, float* logits, int32_t* token_ids,
-           const std::function<void(bool argmax)>& enqueue);
+           const std::function<void(bool argmax)>& enqueue, const RowSampling* sampling = nullptr);
 
  private:
+  enum class Mode { Logits, Greedy, Sample };
+  // Arena slots of the sampling parameters and drawn ids, past any a model uses.
+  static constexpr int kSamplingSlot = 64, kSampledIdsSlot = 65;
+
   // What a decode graph's kernel arguments depend on.
   struct GraphKey {
     int64_t rows, logit_rows;
-    bool argmax;
+    Mode mode;
     std::vector<int64_t> strides;  // per KV group
     std::vector<const void*> caches;  // per KV group: the cache the graph writes into
     auto operator<=>(const GraphKey&) const = default;

@@ -175,6 +175,12 @@ class GptOss : public Model {
     if (device_ != Device::Cuda) return Model::forward_argmax(batch, kv_cache, token_ids);
     forward_cuda(batch, kv_cache, nullptr, token_ids);
   }
+  void forward_sample(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, const RowSampling* rows,
+                      int32_t* token_ids) override {
+    if (device_ != Device::Cuda) return Model::forward_sample(batch, kv_cache, rows, token_ids);
+    cuda_->runner.run(batch, kv_layout_, config_, kv_cache, nullptr, token_ids,
+                      [&](bool argmax) { enqueue_forward(kv_cache, argmax); }, rows);
+  }
 
   // The same pass on the GPU: bf16 weights, float32 residual stream and accumulation, and bf16
   // matrix inputs and KV cache by default, or everything float32 (`--dtype float32`). Step

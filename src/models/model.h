@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/kv_storage.h"
+#include "backend/sampling_rule.h"
 #include "formats/model_config.h"
 #include "models/weights.h"
 
@@ -62,6 +63,17 @@ class Model {
   // The same step, returning only each logit row's argmax (ties to the lower id): greedy decoding
   // without moving logits off the device. This default runs forward() and picks on the host.
   virtual void forward_argmax(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, int32_t* token_ids);
+  // The same step, returning each logit row's token drawn with rows[r] by the rule of
+  // backend/sampling_rule.h (temperature 0 = argmax): the token the CPU sampler picks for the
+  // same uniform, on GPU models without moving logits off the device. This default runs
+  // forward() and draws on the host.
+  virtual void forward_sample(const StepBatch& batch, std::vector<KvGroupStorage>& kv_cache, const RowSampling* rows,
+                              int32_t* token_ids) {
+    const int64_t logit_rows = batch.logit_rows(), vocab = config_.vocab_size;
+    std::vector<float> logits(size_t(logit_rows * vocab));
+    forward(batch, kv_cache, logits.data());
+    for (int64_t r = 0; r < logit_rows; ++r) token_ids[r] = sample_row(logits.data() + r * vocab, vocab, rows[r]);
+  }
   // GPU models: while on, steps run kernel by kernel with device events between operations, and
   // step_profile() returns (operation, ms) summed over the steps since the last call.
   virtual void set_step_profiling(bool on) { (void)on; }

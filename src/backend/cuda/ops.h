@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/runtime.h"
+#include "backend/sampling_rule.h"
 
 namespace anvil::cuda {
 
@@ -216,5 +217,12 @@ struct DummyFill {
   uint8_t constant = 0;   // Constant (MXFP4 scales)
 };
 void dummy_fill(void* data, int64_t numel, const DummyFill& fill, Stream stream);
+
+// ---- sampling (sampling.cu) ----
+
+// out[r] = the token backend/sampling_rule.h picks from logits [rows, vocab] row r with
+// params[r] (device memory): the CPU's sample_row for the same uniform. One block per row.
+void sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params, int32_t* out,
+                 Stream stream);
 
 }  // namespace anvil::cuda
