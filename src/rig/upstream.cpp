@@ -6,6 +6,8 @@
 #include <poll.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <fcntl.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,8 +21,8 @@ namespace {
 
 constexpr size_t kMaxLine = 64 * 1024;
 
-// -1 with errno set on failure. Non-blocking: every read and write waits in poll() with its own
-// timeout.
+// -1 with errno set on failure. The socket ends up blocking: reads and writes then cost one
+// system call each, their timeouts kept by the kernel (SO_RCVTIMEO, SO_SNDTIMEO).
 int connect_loopback(int port, int timeout_s) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
@@ -31,38 +33,33 @@ int connect_loopback(int port, int timeout_s) {
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   address.sin_port = htons(uint16_t(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) return fd;
-  if (errno == EINPROGRESS) {
+  bool connected = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  if (!connected && errno == EINPROGRESS) {
     pollfd p{fd, POLLOUT, 0};
     int error = 0;
     socklen_t length = sizeof error;
-    if (::poll(&p, 1, timeout_s * 1000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0)
-      return fd;
-    errno = error ? error : ETIMEDOUT;
+    connected = ::poll(&p, 1, timeout_s * 1000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0;
+    if (!connected) errno = error ? error : ETIMEDOUT;
   }
+  if (connected && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0) return fd;
   const int saved = errno;
   ::close(fd);
   errno = saved;
   return -1;
 }
 
-bool send_all(int fd, const std::string& data, int timeout_s) {
+void set_timeout(int fd, int option, int seconds) {
+  const timeval value{seconds, 0};
+  setsockopt(fd, SOL_SOCKET, option, &value, sizeof value);
+}
+
+bool send_all(int fd, const std::string& data) {
   size_t sent = 0;
   while (sent < data.size()) {
     const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += size_t(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, timeout_s * 1000) != 1) {
-        errno = ETIMEDOUT;
-        return false;
-      }
-    } else {
-      return false;
-    }
+    if (n > 0) sent += size_t(n);
+    else if (n < 0 && errno == EINTR) continue;
+    else return false;  // EAGAIN: SO_SNDTIMEO ran out
   }
   return true;
 }
@@ -135,7 +132,7 @@ size_t UpstreamPool::idle(int port) const {
 }
 
 UpstreamResponse::UpstreamResponse(UpstreamPool& pool, int port, const UpstreamRequest& request)
-    : pool_(pool), port_(port), read_timeout_ms_(request.read_timeout_s * 1000) {
+    : pool_(pool), port_(port), read_timeout_s_(request.read_timeout_s) {
   std::string head = fmt::format("{} {} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n", request.method, request.target, port);
   for (const auto& [name, value] : request.headers) head += name + ": " + value + "\r\n";
   head += fmt::format("Content-Length: {}\r\n\r\n", request.body.size());
@@ -147,12 +144,14 @@ UpstreamResponse::UpstreamResponse(UpstreamPool& pool, int port, const UpstreamR
       return;
     }
     fd_ = fd;
+    set_timeout(fd, SO_SNDTIMEO, request.write_timeout_s);
+    set_timeout(fd, SO_RCVTIMEO, request.read_timeout_s);
     buffer_.clear();
     at_ = 0;
     eof_ = got_bytes_ = false;
     keep_alive_ = true;
     bool nothing_back = false;
-    if (exchange(head + request.body, request.write_timeout_s, &nothing_back)) return;
+    if (exchange(head + request.body, &nothing_back)) return;
     // A kept-alive connection the backend closed just as we took it: the request was not read,
     // so sending it again on a new connection cannot run it twice.
     if (!(reused && nothing_back)) return;
@@ -201,20 +200,11 @@ bool UpstreamResponse::fill() {
       return false;
     }
     if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      fail(fmt::format("127.0.0.1:{} sent nothing for {} s", port_, read_timeout_s_));
+    else
       fail(fmt::format("reading from 127.0.0.1:{}: {}", port_, std::strerror(errno)));
-      return false;
-    }
-    pollfd p{fd_, POLLIN, 0};
-    const int ready = ::poll(&p, 1, read_timeout_ms_);
-    if (ready == 0) {
-      fail(fmt::format("127.0.0.1:{} sent nothing for {} s", port_, read_timeout_ms_ / 1000));
-      return false;
-    }
-    if (ready < 0 && errno != EINTR) {
-      fail(fmt::format("waiting for 127.0.0.1:{}: {}", port_, std::strerror(errno)));
-      return false;
-    }
+    return false;
   }
 }
 
@@ -235,8 +225,8 @@ bool UpstreamResponse::read_line(std::string& line) {
   }
 }
 
-bool UpstreamResponse::exchange(const std::string& message, int write_timeout_s, bool* nothing_back) {
-  if (!send_all(fd_, message, write_timeout_s)) {
+bool UpstreamResponse::exchange(const std::string& message, bool* nothing_back) {
+  if (!send_all(fd_, message)) {
     *nothing_back = true;
     fail(fmt::format("sending to 127.0.0.1:{}: {}", port_, std::strerror(errno)));
     return false;

@@ -78,7 +78,7 @@ class UpstreamResponse {
 
  private:
   // Sends and reads up to the body; false (and *nothing_back when not one byte came back) on failure.
-  bool exchange(const std::string& message, int write_timeout_s, bool* nothing_back);
+  bool exchange(const std::string& message, bool* nothing_back);
   bool fill();  // more bytes into buffer_; false at EOF (eof_) or on an error
   bool read_line(std::string& line);
   void fail(const std::string& why);  // keeps the first reason; closes the connection
@@ -87,7 +87,7 @@ class UpstreamResponse {
   UpstreamPool& pool_;
   int port_;
   int fd_ = -1;
-  int read_timeout_ms_;
+  int read_timeout_s_;
   std::string buffer_;
   size_t at_ = 0;  // start of the unread bytes in buffer_
   int status_ = 0;

@@ -173,5 +173,23 @@ TEST(RigUpstream, ReportsABackendThatBreaksOffOrIsNotThere) {
   EXPECT_EQ(refused.error(), "cannot connect to 127.0.0.1:" + std::to_string(closed_port) + ": Connection refused");
 }
 
+TEST(RigUpstream, GivesUpOnABackendSilentPastItsReadTimeout) {
+  RawServer server([&](int fd, int) {
+    if (!read_request(fd)) return;
+    send_text(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+    read_request(fd);  // silent until the client gives up
+  });
+  UpstreamPool pool;
+  UpstreamRequest request = completion();
+  request.read_timeout_s = 1;
+  UpstreamResponse answer(pool, server.port(), request);
+  ASSERT_EQ(answer.status(), 200) << answer.error();
+  const auto started = std::chrono::steady_clock::now();
+  std::string piece;
+  EXPECT_FALSE(answer.read(piece));
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(900));
+  EXPECT_EQ(answer.error(), "127.0.0.1:" + std::to_string(server.port()) + " sent nothing for 1 s");
+}
+
 }  // namespace
 }  // namespace anvil::rig
