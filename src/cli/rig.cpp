@@ -34,6 +34,7 @@ struct RigOptions {
   std::string name;
   int lines = 200;
   bool json = false;
+  double gpu_memory_gb = 0;  // rig check: plan against one GPU of this size instead of those visible
 };
 
 void run_rig(const RigOptions& options) {
@@ -88,7 +89,16 @@ fs::path state_dir_for(const RigOptions& options) {
 
 void run_check(const RigOptions& options) {
   const rig::RigConfig config = rig::load_config(options.config);
-  const auto report = rig::check_config(config, cuda::devices());
+  std::vector<cuda::DeviceInfo> gpus;
+  if (options.gpu_memory_gb > 0) {
+    cuda::DeviceInfo gpu;
+    gpu.name = fmt::format("stand-in (--gpu-memory {})", options.gpu_memory_gb);
+    gpu.total_memory = size_t(options.gpu_memory_gb * 1e9);
+    gpus.push_back(gpu);
+  } else {
+    gpus = cuda::devices();
+  }
+  const auto report = rig::check_config(config, gpus);
   std::fputs(report.text.c_str(), stdout);
   for (const auto& problem : report.problems) std::fprintf(stderr, "anvil: error: %s\n", problem.c_str());
   if (!report.problems.empty()) throw CLI::RuntimeError(1);
@@ -162,6 +172,9 @@ void register_rig(CLI::App& app) {
 
   CLI::App* check = verb->add_subcommand("check", "Validate a config, plan memory per group, print what would run");
   check->add_option("config", options->config, "The rig's YAML config")->required();
+  check->add_option("--gpu-memory", options->gpu_memory_gb,
+                    "Plan against one GPU of this many GB (10^9 bytes, as vram_gb) instead of the GPUs visible here")
+      ->check(CLI::PositiveNumber);
   check->callback([options] { run_check(*options); });
 
   CLI::App* ps = verb->add_subcommand("ps", "Show the running rig's backends");

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "rig/recipes.h"
+#include "rig/sizing.h"
 
 namespace anvil::rig {
 
@@ -33,23 +34,6 @@ std::string quoted_command(const ModelConfig& model) {
   return out;
 }
 
-std::vector<int> gpu_indices(const ModelConfig& model, const std::vector<cuda::DeviceInfo>& gpus) {
-  std::vector<int> out;
-  if (model.cuda_visible_devices.empty()) {
-    for (const auto& gpu : gpus) out.push_back(gpu.index);
-    return out;
-  }
-  size_t at = 0;
-  while (at <= model.cuda_visible_devices.size()) {
-    const size_t comma = model.cuda_visible_devices.find(',', at);
-    const std::string item = model.cuda_visible_devices.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    if (!item.empty() && item.find_first_not_of("0123456789") == std::string::npos) out.push_back(std::stoi(item));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 CheckReport check_config(const RigConfig& config, const std::vector<cuda::DeviceInfo>& gpus) {
@@ -57,9 +41,12 @@ CheckReport check_config(const RigConfig& config, const std::vector<cuda::Device
   std::string& out = report.text;
   out += fmt::format("{}: valid; the rig listens on {}:{}; state {}; logs {}\n\n", config.file.string(), config.host,
                      config.port, config.state_dir.string(), config.log_dir.string());
-  std::map<std::string, std::vector<const ModelConfig*>> groups;
+  std::map<std::string, std::vector<size_t>> groups;
+  std::vector<MemoryFigure> figures;
   for (const auto& model : config.models) {
-    groups[model.group].push_back(&model);
+    groups[model.group].push_back(figures.size());
+    figures.push_back(memory_figure(config, model, gpus));
+    const MemoryFigure& figure = figures.back();
     std::string aliases;
     for (const auto& alias : model.aliases) aliases += (aliases.empty() ? "" : ", ") + alias;
     out += fmt::format("{}{}  (group {}, {} {}{})\n", model.name, aliases.empty() ? "" : " [" + aliases + "]",
@@ -78,9 +65,14 @@ CheckReport check_config(const RigConfig& config, const std::vector<cuda::Device
       if (!arch_seen)
         out += fmt::format("  warning: the recipe is for compute capability {}, which no visible GPU has\n", recipe->arch);
     }
+    std::string placed;
+    for (int index : figure.gpus) placed += (placed.empty() ? " on GPU " : ", ") + std::to_string(index);
+    out += figure.gb ? fmt::format("  memory: {:.1f} GB{} ({})\n", *figure.gb, placed, figure.source)
+                     : fmt::format("  memory: not counted ({})\n", figure.source);
     if (model.engine == EngineKind::Anvil && !std::filesystem::is_directory(model.model))
       report.problems.push_back(fmt::format("{}:{}: models.{}.model: {} is not a directory", config.file.string(),
                                             model.line, model.name, model.model));
+    report.problems.insert(report.problems.end(), figure.problems.begin(), figure.problems.end());
   }
 
   out += "\nMemory per group (members swap, so a group needs its largest member):\n";
@@ -89,24 +81,31 @@ CheckReport check_config(const RigConfig& config, const std::vector<cuda::Device
   for (const auto& [group, members] : groups) {
     double need = 0;
     const ModelConfig* largest = nullptr;
-    for (const ModelConfig* model : members) {
-      if (!model->vram_gb) unknown.insert(model->name);
-      else if (*model->vram_gb >= need) {
-        need = *model->vram_gb;
-        largest = model;
-      }
-    }
+    std::map<int, double> group_gpu;  // one member runs at a time: the group's peak per GPU
     std::string names;
-    for (const ModelConfig* model : members) names += (names.empty() ? "" : ", ") + model->name;
+    for (size_t i : members) {
+      const ModelConfig& model = config.models[i];
+      const MemoryFigure& figure = figures[i];
+      names += (names.empty() ? "" : ", ") + model.name;
+      if (!figure.gb) {
+        unknown.insert(model.name);
+        continue;
+      }
+      if (*figure.gb >= need) {
+        need = *figure.gb;
+        largest = &model;
+      }
+      for (int index : figure.gpus)
+        group_gpu[index] = std::max(group_gpu[index], *figure.gb / double(figure.gpus.size()));
+    }
     out += fmt::format("  {:<16} {:>7.1f} GB  ({}){}\n", group, need, names,
-                       largest ? fmt::format("; largest {}", largest->name) : std::string(", no vram_gb given"));
-    if (largest)
-      for (int index : gpu_indices(*largest, gpus)) per_gpu[index] += need / double(std::max<size_t>(1, gpu_indices(*largest, gpus).size()));
+                       largest ? fmt::format("; largest {}", largest->name) : std::string(", no memory figure"));
+    for (const auto& [index, share] : group_gpu) per_gpu[index] += share;
   }
   if (!unknown.empty()) {
     std::string names;
     for (const auto& name : unknown) names += (names.empty() ? "" : ", ") + name;
-    out += fmt::format("  no vram_gb for {}: not counted (set vram_gb to include them)\n", names);
+    out += fmt::format("  no memory figure for {}: not counted (set vram_gb to include them)\n", names);
   }
   if (gpus.empty()) {
     out += fmt::format("GPUs: none visible ({}); placement not checked\n", cuda::unavailable_reason());
@@ -115,8 +114,8 @@ CheckReport check_config(const RigConfig& config, const std::vector<cuda::Device
   for (const auto& gpu : gpus) {
     const double total = double(gpu.total_memory) / 1e9;
     const double need = per_gpu.count(gpu.index) ? per_gpu[gpu.index] : 0;
-    out += fmt::format("GPU {} {} (compute capability {}.{}): {:.1f} of {:.1f} GB planned\n", gpu.index, gpu.name, gpu.major,
-                       gpu.minor, need, total);
+    const std::string capability = gpu.major > 0 ? fmt::format(" (compute capability {}.{})", gpu.major, gpu.minor) : "";
+    out += fmt::format("GPU {} {}{}: {:.1f} of {:.1f} GB planned\n", gpu.index, gpu.name, capability, need, total);
     if (need > total)
       report.problems.push_back(fmt::format("GPU {}: the groups placed on it need {:.1f} GB, it has {:.1f} GB", gpu.index,
                                             need, total));

@@ -13,9 +13,10 @@ struct CheckReport {
   std::vector<std::string> problems;  // each makes the check fail
 };
 
-// Groups swap their members, so a group needs its largest member's vram_gb; groups run side by
-// side, so the groups placed on one GPU add up. Members without gpus are placed on every GPU
-// (CUDA_VISIBLE_DEVICES unset), which is how engines see them.
+// Each model's memory figure (rig/sizing.h: vram_gb, or anvil plan's for anvil models) and where
+// it came from are printed. Groups swap their members, so a group needs its largest member on
+// each GPU; groups run side by side, so the groups placed on one GPU add up. `gpus` are the GPUs
+// to plan against: those visible, or a stand-in of a given size.
 CheckReport check_config(const RigConfig& config, const std::vector<cuda::DeviceInfo>& gpus);
 
 }  // namespace anvil::rig

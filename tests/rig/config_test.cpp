@@ -211,7 +211,7 @@ TEST(RigCheck, PlansMemoryPerGroup) {
   auto report = check_config(config, {gpu});
   EXPECT_TRUE(report.problems.empty());
   EXPECT_NE(report.text.find("90.0 of 96.0 GB planned"), std::string::npos) << report.text;  // max(60, 80) + 10
-  EXPECT_NE(report.text.find("no vram_gb for d"), std::string::npos) << report.text;
+  EXPECT_NE(report.text.find("no memory figure for d: not counted"), std::string::npos) << report.text;
   gpu.total_memory = size_t(80e9);
   report = check_config(config, {gpu});
   ASSERT_EQ(report.problems.size(), 1u);
