@@ -1,7 +1,11 @@
 #include "cli/common.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <charconv>
+#include <csignal>
+#include <ctime>
 
 #include "backend/cuda/runtime.h"
 #include "core/error.h"
@@ -53,6 +57,43 @@ std::optional<WeightFormat> parse_quantize_dense(const std::string& value) {
   if (value == "fp8") return WeightFormat::FP8;
   if (value == "mxfp4") return WeightFormat::MXFP4;
   fail("--quantize-dense: '{}' is not one of none, fp8, mxfp4", value);
+}
+
+namespace {
+
+sigset_t stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signals;
+}
+
+}  // namespace
+
+void block_stop_signals() {
+  const sigset_t signals = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+StopSignalWatcher::StopSignalWatcher(std::function<void(int)> stop)
+    : thread_([this, stop = std::move(stop)] {
+        const sigset_t signals = stop_signals();
+        // Wakes every 200 ms to see whether it is still wanted.
+        const timespec tick{0, 200'000'000};
+        while (!finished_) {
+          const int signal = sigtimedwait(&signals, nullptr, &tick);
+          if (signal > 0) {
+            stop(signal);
+            return;
+          }
+        }
+      }) {}
+
+StopSignalWatcher::~StopSignalWatcher() {
+  finished_ = true;
+  thread_.join();
 }
 
 void add_threads_option(CLI::App& verb, int& threads) {

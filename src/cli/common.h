@@ -26,6 +26,25 @@ std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir, const
 std::optional<WeightFormat> parse_quantize_experts(const std::string& value);
 std::optional<WeightFormat> parse_quantize_dense(const std::string& value);
 
+// For the long-running verbs (serve, rig): SIGINT and SIGTERM are blocked in the calling thread
+// and so in every thread it starts afterwards, and SIGPIPE is ignored (a client that vanishes
+// must not kill the process). Call before starting any thread.
+void block_stop_signals();
+
+// Waits on its own thread for SIGINT or SIGTERM (blocked by block_stop_signals) and then calls
+// stop(signal) once. Destroying it stops the waiting: declare it after what stop() touches.
+class StopSignalWatcher {
+ public:
+  explicit StopSignalWatcher(std::function<void(int signal)> stop);
+  ~StopSignalWatcher();
+  StopSignalWatcher(const StopSignalWatcher&) = delete;
+  StopSignalWatcher& operator=(const StopSignalWatcher&) = delete;
+
+ private:
+  std::atomic<bool> finished_{false};
+  std::thread thread_;
+};
+
 // --threads N on a verb: sets the process-wide thread pool size.
 void add_threads_option(CLI::App& verb, int& threads);
 void apply_threads_option(int threads);

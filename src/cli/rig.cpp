@@ -1,17 +1,13 @@
 // anvil rig: one endpoint over many backends (anvil's own engine, or any server started as a
 // command), with aliases, swapping within GPU groups and supervision. See src/rig/.
 #include <httplib.h>
-#include <pthread.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <csignal>
-#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "backend/cuda/runtime.h"
+#include "cli/common.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "rig/check.h"
@@ -48,35 +44,21 @@ void run_rig(const RigOptions& options) {
 
   // Signals reach one watcher thread; every thread started below inherits the blocked mask
   // (backends get a clean one at exec).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-
+  block_stop_signals();
   rig::Supervisor supervisor(config);
   rig::Gateway gateway(config, supervisor);
   gateway.bind(port);
   rig::claim_state_dir(config.state_dir, {getpid(), rig::process_start_time(getpid()).value_or(0), config.host,
                                           gateway.port(), config.log_dir.string(), fs::absolute(config.file).string()});
   for (const auto& line : supervisor.start()) server::log_info("earlier rig: {}", line);
-  std::atomic<bool> finished{false};
-  std::thread watcher([&] {
-    const timespec tick{0, 200'000'000};
-    while (!finished) {
-      const int signal = sigtimedwait(&signals, nullptr, &tick);
-      if (signal > 0) {
-        server::log_info("received signal {}, stopping the backends", signal);
-        gateway.stop();
-        return;
-      }
-    }
-  });
-  server::log_info("anvil rig serving {} model(s) on http://{}:{}", config.models.size(), config.host, gateway.port());
-  gateway.run();
-  finished = true;
-  watcher.join();
+  {
+    const StopSignalWatcher watcher([&gateway](int signal) {
+      server::log_info("received signal {}, stopping the backends", signal);
+      gateway.stop();
+    });
+    server::log_info("anvil rig serving {} model(s) on http://{}:{}", config.models.size(), config.host, gateway.port());
+    gateway.run();
+  }
   supervisor.shutdown();
   rig::release_state_dir(config.state_dir);
 }

@@ -1,11 +1,5 @@
 // anvil serve: the OpenAI-compatible HTTP server. Flags follow `vllm serve` so scripts carry over.
-#include <pthread.h>
-
-#include <atomic>
-#include <csignal>
-#include <ctime>
 #include <limits>
-#include <thread>
 
 #include "cli/common.h"
 #include "cli/verbs.h"
@@ -66,40 +60,18 @@ void run_serve(const ServeOptions& options) {
   config.engine.max_waiting =
       options.max_queued_requests > 0 ? options.max_queued_requests : std::numeric_limits<int64_t>::max();
 
-  // Signals go to one thread that stops the server cleanly; every other thread (HTTP workers,
-  // the engine, the loader) inherits the blocked mask. A client that vanishes must not kill us.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
-
+  // Signals go to one thread that stops the server cleanly; the HTTP workers, the engine and the
+  // loader never see them.
+  block_stop_signals();
   server::OpenAiServer http(config);
   http.bind();
-  std::atomic<bool> finished{false};
-  std::thread watcher([&] {
-    const timespec tick{0, 200'000'000};
-    while (!finished) {
-      const int signal = sigtimedwait(&signals, nullptr, &tick);
-      if (signal > 0) {
-        server::log_info("received signal {}, shutting down", signal);
-        http.stop();
-        return;
-      }
-    }
+  const StopSignalWatcher watcher([&http](int signal) {
+    server::log_info("received signal {}, shutting down", signal);
+    http.stop();
   });
   const ModelLoadFlags model_flags = options.model;
   http.load_in_background([model_flags] { return model_flags.load(); });
-  try {
-    http.run();
-  } catch (...) {
-    finished = true;
-    watcher.join();
-    throw;
-  }
-  finished = true;
-  watcher.join();
+  http.run();
 }
 
 }  // namespace

@@ -1,11 +1,8 @@
 // `anvil rig` with real backends: `anvil serve` processes on the tiny fixtures (and plain
 // commands where a misbehaving backend is the point) behind one rig started as a child process.
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,19 +36,8 @@ Json completion(const std::string& model, int max_tokens) {
 
 // A listening socket on a free loopback port, held by this (test) process.
 struct HeldPort {
-  int fd = -1;
   int port = 0;
-  HeldPort() {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // children (the rig) must not inherit it
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-    listen(fd, 4);
-    socklen_t length = sizeof address;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-    port = ntohs(address.sin_port);
-  }
+  int fd = listen_loopback(port, 4);
   ~HeldPort() { close(fd); }
 };
 

@@ -1,13 +1,14 @@
 #include "rig/rig_harness.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <fstream>
-#include <regex>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -22,50 +23,13 @@ RigProcess::RigProcess(const fs::path& dir, const std::string& yaml) {
   // be confused with the first one's.
   static int count = 0;
   log_path_ = dir / ("rig-" + std::to_string(count++) + ".log");
-  pid_ = fork();
-  if (pid_ < 0) throw std::runtime_error("fork failed");
-  if (pid_ == 0) {
-    FILE* log = std::fopen(log_path_.c_str(), "a");
-    if (log) {
-      dup2(fileno(log), STDOUT_FILENO);
-      dup2(fileno(log), STDERR_FILENO);
-    }
-    std::vector<std::string> argv = {ANVIL_BINARY, "rig", config.string(), "--port", "0"};
-    std::vector<char*> raw;
-    for (auto& arg : argv) raw.push_back(arg.data());
-    raw.push_back(nullptr);
-    execv(raw[0], raw.data());
-    _exit(127);
-  }
-  const std::regex serving(R"(on http://127\.0\.0\.1:(\d+))");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline && process_alive(pid_)) {
-    std::smatch match;
-    const std::string text = log();
-    if (std::regex_search(text, match, serving)) {
-      port_ = std::stoi(match[1]);
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  pid_ = start_anvil({"rig", config.string(), "--port", "0"}, log_path_);
+  port_ = wait_for_port(pid_, log_path_, 60);
 }
 
 RigProcess::~RigProcess() { stop(); }
 
-std::string RigProcess::log() const {
-  std::ifstream in(log_path_, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-httplib::Client RigProcess::client(int timeout_s) const {
-  httplib::Client client("127.0.0.1", port_);
-  client.set_read_timeout(timeout_s, 0);
-  client.set_write_timeout(timeout_s, 0);
-  client.set_connection_timeout(10, 0);
-  return client;
-}
+std::string RigProcess::log() const { return read_log(log_path_); }
 
 void RigProcess::kill_hard() {
   if (pid_ <= 0) return;
@@ -74,51 +38,16 @@ void RigProcess::kill_hard() {
   pid_ = -1;
 }
 
-int RigProcess::stop() {
-  if (pid_ <= 0) return -1;
-  kill(pid_, SIGTERM);
-  for (int i = 0; i < 600; ++i) {
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  kill_hard();
-  return -1;
-}
-
-namespace {
-
-HttpResult to_result(const httplib::Result& result) {
-  HttpResult out;
-  if (!result) return out;
-  out.status = result->status;
-  out.body = result->body;
-  out.headers = result->headers;
-  out.json = Json::parse(out.body, nullptr, false);
-  return out;
-}
-
-}  // namespace
+// The rig stops its backends before it exits, each within stop_timeout.
+int RigProcess::stop() { return stop_child(pid_, 30); }
 
 HttpResult RigProcess::post(const std::string& path, const Json& body, const httplib::Headers& headers) const {
-  auto c = client();
-  return to_result(c.Post(path, headers, body.dump(), "application/json"));
+  return test::post(port_, path, body.dump(), headers);
 }
 
-HttpResult RigProcess::get(const std::string& path) const {
-  auto c = client();
-  return to_result(c.Get(path));
-}
+HttpResult RigProcess::get(const std::string& path) const { return test::get(port_, path); }
 
-SseStream RigProcess::stream(const Json& body) const {
-  auto c = client();
-  const auto result = c.Post("/v1/completions", body.dump(), "application/json");
-  if (!result) return {};
-  return parse_sse(result->status, result->body);
-}
+SseStream RigProcess::stream(const Json& body) const { return post_stream(port_, "/v1/completions", body); }
 
 Json RigProcess::backend(const std::string& model) const {
   const auto running = get("/running");
@@ -128,16 +57,17 @@ Json RigProcess::backend(const std::string& model) const {
   return {};
 }
 
-fs::path qwen_tiny_dir() {
-  static TempDir scratch;
-  const fs::path dir = scratch.path() / "qwen3-tiny";
-  if (!fs::exists(dir / "tokenizer.json")) {
-    fs::create_directories(dir);
-    for (const char* file : {"config.json", "generation_config.json", "model.safetensors"})
-      fs::copy_file(fixtures_dir() / "qwen3-tiny" / file, dir / file, fs::copy_options::overwrite_existing);
-    write_file(dir / "tokenizer.json", qwen_like_tokenizer().dump());
-  }
-  return dir;
+int listen_loopback(int& port, int backlog) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || listen(fd, backlog) != 0)
+    throw std::runtime_error("cannot listen on a loopback port");
+  socklen_t length = sizeof address;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  port = ntohs(address.sin_port);
+  return fd;
 }
 
 bool process_alive(pid_t pid) {

@@ -1,6 +1,7 @@
 #pragma once
 // The real `anvil rig` as a child process: a config written to a temp dir, --port 0, the port
-// read from its "serving ... on http://HOST:PORT" log line.
+// read from its "serving ... on http://HOST:PORT" log line. Process and HTTP plumbing come from
+// tests/support (server_harness.h), shared with the `anvil serve` suites.
 #include <httplib.h>
 #include <sys/types.h>
 
@@ -25,7 +26,6 @@ class RigProcess {
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
   std::string log() const;
-  httplib::Client client(int timeout_s = 120) const;
   void kill_hard();  // SIGKILL, as a crash or an OOM killer would
   int stop();        // SIGTERM; the exit status
 
@@ -41,9 +41,10 @@ class RigProcess {
   int port_ = 0;
 };
 
-// The qwen3-tiny fixture with a byte-level tokenizer, copied once per process.
-std::filesystem::path qwen_tiny_dir();
 bool process_alive(pid_t pid);
+// A socket listening on a free loopback port (close-on-exec: started children do not inherit
+// it); the fd, and the port in `port`.
+int listen_loopback(int& port, int backlog = 16);
 bool wait_until(double timeout_s, const std::function<bool()>& condition);
 
 }  // namespace anvil::test

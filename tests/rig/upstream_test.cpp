@@ -2,15 +2,15 @@
 // connections reused, dead ones replaced, broken answers reported.
 #include "rig/upstream.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <functional>
 #include <future>
 #include <thread>
+
+#include "rig/rig_harness.h"
 
 namespace anvil::rig {
 namespace {
@@ -20,15 +20,7 @@ namespace {
 class RawServer {
  public:
   explicit RawServer(std::function<void(int fd, int connection)> script) : script_(std::move(script)) {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address);
-    listen(fd_, 16);
-    socklen_t length = sizeof address;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
-    port_ = ntohs(address.sin_port);
+    fd_ = test::listen_loopback(port_);
     thread_ = std::thread([this] {
       for (int connection = 0;; ++connection) {
         const int client = accept(fd_, nullptr, nullptr);

@@ -15,18 +15,16 @@ namespace anvil::test {
 
 namespace fs = std::filesystem;
 
-ServerProcess::ServerProcess(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {ANVIL_BINARY, "serve"};
+pid_t start_anvil(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<std::string> argv = {ANVIL_BINARY};
   argv.insert(argv.end(), args.begin(), args.end());
-  argv.insert(argv.end(), {"--port", "0", "--host", "127.0.0.1"});
-  const std::string log_path = (dir_.path() / "server.log").string();
-  pid_ = fork();
-  if (pid_ < 0) throw std::runtime_error("fork failed");
-  if (pid_ == 0) {
-    FILE* log = std::fopen(log_path.c_str(), "w");
-    if (log) {
-      dup2(fileno(log), STDOUT_FILENO);
-      dup2(fileno(log), STDERR_FILENO);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    FILE* out = std::fopen(log.c_str(), "a");
+    if (out) {
+      dup2(fileno(out), STDOUT_FILENO);
+      dup2(fileno(out), STDERR_FILENO);
     }
     std::vector<char*> raw;
     for (std::string& arg : argv) raw.push_back(arg.data());
@@ -34,65 +32,85 @@ ServerProcess::ServerProcess(const std::vector<std::string>& args) {
     execv(raw[0], raw.data());
     _exit(127);
   }
-  // The port is in the "serving ... on http://127.0.0.1:PORT" line, written once bound.
+  return pid;
+}
+
+int wait_for_port(pid_t& pid, const fs::path& log, double timeout_s) {
   const std::regex serving(R"(on http://127\.0\.0\.1:(\d+))");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline && alive()) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline && child_running(pid)) {
     std::smatch match;
-    const std::string text = log();
-    if (std::regex_search(text, match, serving)) {
-      port_ = std::stoi(match[1]);
-      auto probe = client(5);
-      if (auto health = probe.Get("/health")) first_health_ = health->status;
-      return;
-    }
+    const std::string text = read_log(log);
+    if (std::regex_search(text, match, serving)) return std::stoi(match[1]);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  return 0;
 }
 
-ServerProcess::~ServerProcess() { stop(); }
-
-std::string ServerProcess::log() const {
-  std::ifstream in(dir_.path() / "server.log", std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-bool ServerProcess::alive() {
-  if (pid_ <= 0) return false;
+bool child_running(pid_t& pid) {
+  if (pid <= 0) return false;
   int status = 0;
-  if (waitpid(pid_, &status, WNOHANG) == pid_) {
-    pid_ = -1;
+  if (waitpid(pid, &status, WNOHANG) == pid) {
+    pid = -1;
     return false;
   }
   return true;
 }
 
-int ServerProcess::stop() {
-  if (pid_ <= 0) return -1;
-  kill(pid_, SIGTERM);
-  for (int i = 0; i < 300; ++i) {
+int stop_child(pid_t& pid, double timeout_s) {
+  if (pid <= 0) return -1;
+  kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      pid = -1;
       return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  kill(pid_, SIGKILL);
-  waitpid(pid_, nullptr, 0);
-  pid_ = -1;
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  pid = -1;
   return -1;
 }
 
-httplib::Client ServerProcess::client(int timeout_s) const {
-  httplib::Client client("127.0.0.1", port_);
+std::string read_log(const fs::path& log) {
+  std::ifstream in(log, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+httplib::Client loopback_client(int port, int timeout_s) {
+  httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(timeout_s, 0);
   client.set_write_timeout(timeout_s, 0);
   client.set_connection_timeout(10, 0);
   return client;
 }
+
+ServerProcess::ServerProcess(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"serve"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--port", "0", "--host", "127.0.0.1"});
+  const fs::path log_path = dir_.path() / "server.log";
+  pid_ = start_anvil(argv, log_path);
+  port_ = wait_for_port(pid_, log_path, 60);
+  if (port_ == 0) return;
+  auto probe = client(5);
+  if (auto health = probe.Get("/health")) first_health_ = health->status;
+}
+
+ServerProcess::~ServerProcess() { stop(); }
+
+std::string ServerProcess::log() const { return read_log(dir_.path() / "server.log"); }
+
+bool ServerProcess::alive() { return child_running(pid_); }
+
+int ServerProcess::stop() { return stop_child(pid_, 15); }
+
+httplib::Client ServerProcess::client(int timeout_s) const { return loopback_client(port_, timeout_s); }
 
 bool ServerProcess::wait_ready(double timeout_s) {
   if (port_ == 0) return false;
@@ -193,17 +211,20 @@ ServerProcess& demo_server() {
   return *server;
 }
 
-ServerProcess& qwen_server() {
-  static std::unique_ptr<ServerProcess> server;
-  if (!server) {
-    const fs::path dir = model_scratch().path() / "qwen3-tiny";
+fs::path qwen_tiny_dir() {
+  const fs::path dir = model_scratch().path() / "qwen3-tiny";
+  if (!fs::exists(dir / "tokenizer.json")) {
     fs::create_directories(dir);
     for (const char* file : {"config.json", "generation_config.json", "model.safetensors"})
       fs::copy_file(fixtures_dir() / "qwen3-tiny" / file, dir / file, fs::copy_options::overwrite_existing);
     write_file(dir / "tokenizer.json", qwen_like_tokenizer().dump());
-    return started(server, {dir.string(), "--served-model-name", "qwen", "--kv-cache-memory", "0.0625"});
   }
-  return *server;
+  return dir;
+}
+
+ServerProcess& qwen_server() {
+  static std::unique_ptr<ServerProcess> server;
+  return started(server, {qwen_tiny_dir().string(), "--served-model-name", "qwen", "--kv-cache-memory", "0.0625"});
 }
 
 std::string HttpResult::header(const std::string& name) const {
@@ -225,9 +246,18 @@ HttpResult to_result(const httplib::Result& result) {
 
 }  // namespace
 
-HttpResult post(const ServerProcess& server, const std::string& path, const std::string& body, const httplib::Headers& headers) {
-  auto client = server.client();
+HttpResult post(int port, const std::string& path, const std::string& body, const httplib::Headers& headers) {
+  auto client = loopback_client(port);
   return to_result(client.Post(path, headers, body, "application/json"));
+}
+
+HttpResult get(int port, const std::string& path, const httplib::Headers& headers) {
+  auto client = loopback_client(port);
+  return to_result(client.Get(path, headers));
+}
+
+HttpResult post(const ServerProcess& server, const std::string& path, const std::string& body, const httplib::Headers& headers) {
+  return post(server.port(), path, body, headers);
 }
 
 HttpResult post(const ServerProcess& server, const std::string& path, const Json& body) {
@@ -235,8 +265,7 @@ HttpResult post(const ServerProcess& server, const std::string& path, const Json
 }
 
 HttpResult get(const ServerProcess& server, const std::string& path, const httplib::Headers& headers) {
-  auto client = server.client();
-  return to_result(client.Get(path, headers));
+  return get(server.port(), path, headers);
 }
 
 SseStream parse_sse(int status, const std::string& raw) {
@@ -260,11 +289,15 @@ SseStream parse_sse(int status, const std::string& raw) {
   return stream;
 }
 
-SseStream post_stream(const ServerProcess& server, const std::string& path, const Json& body) {
-  auto client = server.client();
+SseStream post_stream(int port, const std::string& path, const Json& body) {
+  auto client = loopback_client(port);
   const auto result = client.Post(path, body.dump(), "application/json");
   if (!result) return {};
   return parse_sse(result->status, result->body);
+}
+
+SseStream post_stream(const ServerProcess& server, const std::string& path, const Json& body) {
+  return post_stream(server.port(), path, body);
 }
 
 double metric_value(const std::string& text, const std::string& name) {
