@@ -152,8 +152,9 @@ UpstreamResponse::UpstreamResponse(UpstreamPool& pool, int port, const UpstreamR
     keep_alive_ = true;
     bool nothing_back = false;
     if (exchange(head + request.body, &nothing_back)) return;
-    // A kept-alive connection the backend closed just as we took it: the request was not read,
-    // so sending it again on a new connection cannot run it twice.
+    // A reused connection that ends before one byte of answer is, in practice, one the backend
+    // closed as idle just as it was taken (servers do so without a word), so the request was never
+    // read; it goes once more on a new connection, as HTTP clients and proxies do.
     if (!(reused && nothing_back)) return;
     error_.clear();
   }
