@@ -13,30 +13,19 @@
 #include "backend/cuda/runtime.h"
 #include "core/dtype.h"
 #include "models/cuda_support.h"
+#include "support/device_vectors.h"
 
 namespace anvil {
 namespace {
+
+using test::to_device;
+using test::to_host;
 
 #if !ANVIL_WITH_CUDA
 TEST(CudaFusedOps, NeedACudaBuild) { GTEST_SKIP() << "this build has no CUDA backend"; }
 #else
 #define SKIP_WITHOUT_GPU() \
   if (cuda::devices().empty()) GTEST_SKIP() << "no CUDA GPU: " << cuda::unavailable_reason()
-
-template <typename T>
-cuda::DeviceBuffer to_device(const std::vector<T>& host) {
-  cuda::DeviceBuffer buffer(std::max<size_t>(1, host.size() * sizeof(T)));
-  cuda::copy_to_device(buffer.get(), host.data(), host.size() * sizeof(T));
-  return buffer;
-}
-
-template <typename T>
-std::vector<T> to_host(const cuda::DeviceBuffer& buffer, size_t n) {
-  std::vector<T> host(n);
-  cuda::copy_to_host(host.data(), buffer.get(), n * sizeof(T));
-  cuda::synchronize();
-  return host;
-}
 
 std::vector<float> uniform(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::uniform_real_distribution<float> dist(-scale, scale);

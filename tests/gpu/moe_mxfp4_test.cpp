@@ -19,9 +19,13 @@
 #include "backend/cuda/runtime.h"
 #include "backend/linear.h"
 #include "core/dtype.h"
+#include "support/device_vectors.h"
 
 namespace anvil {
 namespace {
+
+using test::to_device;
+using test::to_host;
 
 #define ANVIL_REQUIRE_GPU()                                                                      \
   do {                                                                                           \
@@ -39,20 +43,6 @@ struct Rng {
   }
   float uniform() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(1 << 23); }
 };
-
-template <typename T>
-cuda::DeviceBuffer upload(const std::vector<T>& host) {
-  cuda::DeviceBuffer buffer(host.size() * sizeof(T));
-  cuda::copy_to_device(buffer.get(), host.data(), host.size() * sizeof(T));
-  return buffer;
-}
-
-template <typename T>
-std::vector<T> download(const cuda::DeviceBuffer& buffer, size_t count) {
-  std::vector<T> host(count);
-  cuda::copy_to_host(host.data(), buffer.get(), count * sizeof(T));
-  return host;
-}
 
 struct Shape {
   int64_t experts, hidden, intermediate;
@@ -88,12 +78,12 @@ struct Experts {
     };
     fill(gu_blocks, gu_scales, gu_bias, 2 * s.intermediate, s.hidden);
     fill(down_blocks, down_scales, down_bias, s.hidden, s.intermediate);
-    d_gu_blocks = upload(gu_blocks);
-    d_gu_scales = upload(gu_scales);
-    d_gu_bias = upload(gu_bias);
-    d_down_blocks = upload(down_blocks);
-    d_down_scales = upload(down_scales);
-    d_down_bias = upload(down_bias);
+    d_gu_blocks = to_device(gu_blocks);
+    d_gu_scales = to_device(gu_scales);
+    d_gu_bias = to_device(gu_bias);
+    d_down_blocks = to_device(down_blocks);
+    d_down_scales = to_device(down_scales);
+    d_down_bias = to_device(down_bias);
   }
 
   cuda::MoeMxfp4Weights device() const {
@@ -167,13 +157,13 @@ struct Routed {
 Routed route_on_gpu(int64_t m, const Shape& s, Rng& rng) {
   std::vector<float> logits(size_t(m * s.experts));
   for (auto& v : logits) v = 4.0f * rng.uniform();
-  auto d_logits = upload(logits);
+  auto d_logits = to_device(logits);
   cuda::DeviceBuffer d_ids(size_t(m * s.k) * 4), d_w(size_t(m * s.k) * 4);
   cuda::memset_device(d_ids.get(), 0xff, d_ids.bytes());
   cuda::memset_device(d_w.get(), 0xff, d_w.bytes());
   cuda::moe_topk_softmax(d_logits.get<float>(), m, s.experts, s.k, d_ids.get<int32_t>(), d_w.get<float>(), nullptr);
   cuda::synchronize();
-  Routed r{download<int32_t>(d_ids, size_t(m * s.k)), download<float>(d_w, size_t(m * s.k))};
+  Routed r{to_host<int32_t>(d_ids, size_t(m * s.k)), to_host<float>(d_w, size_t(m * s.k))};
   for (int64_t row = 0; row < m; ++row) {
     const float* x = logits.data() + row * s.experts;
     const auto chosen = cpu::top_k_indices(x, s.experts, s.k);
@@ -202,7 +192,7 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
   for (auto& v : h) v = f32_to_bf16(rng.uniform());
   std::vector<float> residual(size_t(m * s.hidden));
   for (auto& v : residual) v = rng.uniform();
-  auto d_h = upload(h), d_ids = upload(routed.ids), d_w = upload(routed.weights), d_residual = upload(residual);
+  auto d_h = to_device(h), d_ids = to_device(routed.ids), d_w = to_device(routed.weights), d_residual = to_device(residual);
   const size_t ws_bytes = cuda::moe_mxfp4_workspace_bytes(m, s.k, s.experts, s.hidden, s.intermediate);
   cuda::DeviceBuffer workspace(ws_bytes);
   // Stale routing tables and activations must not matter.
@@ -211,7 +201,7 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
   cuda::moe_mxfp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                   d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
   cuda::synchronize();
-  const auto out = download<float>(d_residual, residual.size());
+  const auto out = to_host<float>(d_residual, residual.size());
   int64_t non_finite = 0;
   for (float v : out) non_finite += std::isfinite(v) ? 0 : 1;
   EXPECT_EQ(non_finite, 0);
@@ -244,13 +234,13 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
     // (overwritten in place, as the model does) holding rms_norm(residual) in bf16.
     std::vector<float> norm_weight(size_t(s.hidden));
     for (auto& v : norm_weight) v = 0.5f + rng.uniform();
-    auto d_norm = upload(norm_weight), d_residual2 = upload(residual), d_h2 = upload(h);
+    auto d_norm = to_device(norm_weight), d_residual2 = to_device(residual), d_h2 = to_device(h);
     cuda::memset_device(workspace.get(), 0xff, ws_bytes);
     const cuda::NextNorm next{d_norm.get<float>(), 1e-5f, d_h2.get<uint16_t>()};
     cuda::moe_mxfp4(weights, d_h2.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                     d_residual2.get<float>(), workspace.get(), ws_bytes, nullptr, &next);
-    const auto out2 = download<float>(d_residual2, residual.size());
-    const auto normed = download<uint16_t>(d_h2, h.size());
+    const auto out2 = to_host<float>(d_residual2, residual.size());
+    const auto normed = to_host<uint16_t>(d_h2, h.size());
     EXPECT_EQ(std::memcmp(out2.data(), out.data(), out.size() * sizeof(float)), 0) << "residual differs with next_norm";
     double worst = 0.0;
     for (int64_t r = 0; r < m; ++r) {
@@ -300,12 +290,12 @@ TEST(CudaMoe, TopkTiesGoToTheLowerIndex) {
       std::vector<float> logits(size_t(m * experts));
       // Three distinct values only: almost every pick is a tie.
       for (auto& v : logits) v = float(rng.next() % 3);
-      auto d_logits = upload(logits);
+      auto d_logits = to_device(logits);
       cuda::DeviceBuffer d_ids(size_t(m * k) * 4), d_w(size_t(m * k) * 4);
       cuda::moe_topk_softmax(d_logits.get<float>(), m, experts, k, d_ids.get<int32_t>(), d_w.get<float>(), nullptr);
       cuda::synchronize();
-      const auto ids = download<int32_t>(d_ids, size_t(m * k));
-      const auto w = download<float>(d_w, size_t(m * k));
+      const auto ids = to_host<int32_t>(d_ids, size_t(m * k));
+      const auto w = to_host<float>(d_w, size_t(m * k));
       for (int64_t row = 0; row < m; ++row) {
         const auto chosen = cpu::top_k_indices(logits.data() + row * experts, experts, k);
         float sum = 0;
@@ -404,14 +394,14 @@ TEST(CudaMoe, Float32PathMatchesTheCpuTightly) {
       std::vector<float> h(size_t(m * s.hidden)), residual(size_t(m * s.hidden));
       for (auto& v : h) v = rng.uniform();
       for (auto& v : residual) v = rng.uniform();
-      auto d_h = upload(h), d_ids = upload(routed.ids), d_w = upload(routed.weights), d_residual = upload(residual);
+      auto d_h = to_device(h), d_ids = to_device(routed.ids), d_w = to_device(routed.weights), d_residual = to_device(residual);
       const size_t bytes = cuda::moe_mxfp4_f32_workspace_bytes(m, s.k, s.intermediate);
       cuda::DeviceBuffer workspace(bytes);
       cuda::memset_device(workspace.get(), 0xff, bytes);
       cuda::moe_mxfp4_f32(ex.device(), d_h.get<float>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                           d_residual.get<float>(), workspace.get(), bytes, nullptr);
       cuda::synchronize();
-      const auto out = download<float>(d_residual, residual.size());
+      const auto out = to_host<float>(d_residual, residual.size());
       double err = 0, norm = 0;
       for (int64_t r = 0; r < m; ++r) {
         const auto want = ex.reference(h.data() + r * s.hidden, routed.ids.data() + r * s.k,

@@ -15,9 +15,13 @@
 #include "backend/rope.h"
 #include "core/dtype.h"
 #include "models/cuda_support.h"
+#include "support/device_vectors.h"
 
 namespace anvil {
 namespace {
+
+using test::to_device;
+using test::to_host;
 
 #if !ANVIL_WITH_CUDA
 TEST(CudaOps, NeedACudaBuild) { GTEST_SKIP() << "this build has no CUDA backend"; }
@@ -30,21 +34,6 @@ std::vector<float> random_values(size_t n, std::mt19937& rng, float scale = 1.0f
   std::vector<float> values(n);
   for (auto& v : values) v = bf16_exact ? bf16_to_f32(f32_to_bf16(dist(rng))) : dist(rng);
   return values;
-}
-
-template <typename T>
-cuda::DeviceBuffer to_device(const std::vector<T>& host) {
-  cuda::DeviceBuffer buffer(host.size() * sizeof(T));
-  cuda::copy_to_device(buffer.get(), host.data(), host.size() * sizeof(T));
-  return buffer;
-}
-
-template <typename T>
-std::vector<T> to_host(const cuda::DeviceBuffer& buffer, size_t n) {
-  std::vector<T> host(n);
-  cuda::copy_to_host(host.data(), buffer.get(), n * sizeof(T));
-  cuda::synchronize();
-  return host;
 }
 
 double relative_error(const std::vector<float>& got, const std::vector<float>& want) {

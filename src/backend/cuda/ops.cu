@@ -38,8 +38,11 @@ __global__ void embedding_kernel(const uint16_t* table, const int32_t* ids, int6
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = bf16_bits_to_float(src[i]);
 }
 
-template <bool kToBf16>
-__global__ void rms_norm_kernel(const float* x, int64_t dim, const float* weight, float eps, void* out) {
+// RMSNorm of one row per block: x * rsqrt(mean(x^2) + eps) * weight, written in float32 to
+// out_f32 and rounded to bf16 into out_bf16, each when non-null (a router wants the first, the
+// experts' matrix product the second, and one pass can give both).
+__global__ void rms_norm_kernel(const float* x, int64_t dim, const float* weight, float eps, float* out_f32,
+                                uint16_t* out_bf16) {
   wait_for_predecessor();
   release_dependents();
   const int64_t row = blockIdx.x;
@@ -49,28 +52,8 @@ __global__ void rms_norm_kernel(const float* x, int64_t dim, const float* weight
   const float inv = rsqrtf(block_sum(sum) / float(dim) + eps);
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     const float value = in[i] * inv * weight[i];
-    if constexpr (kToBf16)
-      static_cast<uint16_t*>(out)[row * dim + i] = float_to_bf16_bits(value);
-    else
-      static_cast<float*>(out)[row * dim + i] = value;
-  }
-}
-
-// rms_norm_kernel writing both roundings; same summation order, so each output equals the
-// single-output kernel's.
-__global__ void rms_norm_dual_kernel(const float* x, int64_t dim, const float* weight, float eps, float* out_f32,
-                                     uint16_t* out_bf16) {
-  wait_for_predecessor();
-  release_dependents();
-  const int64_t row = blockIdx.x;
-  const float* in = x + row * dim;
-  float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += in[i] * in[i];
-  const float inv = rsqrtf(block_sum(sum) / float(dim) + eps);
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float value = in[i] * inv * weight[i];
-    out_f32[row * dim + i] = value;
-    out_bf16[row * dim + i] = float_to_bf16_bits(value);
+    if (out_f32) out_f32[row * dim + i] = value;
+    if (out_bf16) out_bf16[row * dim + i] = float_to_bf16_bits(value);
   }
 }
 
@@ -347,15 +330,15 @@ void embedding_bf16(const uint16_t* table, const int32_t* ids, int64_t rows, int
 void rms_norm_to_bf16(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, uint16_t* out,
                       Stream stream) {
   if (rows == 0) return;
-  launch_chained(rms_norm_kernel<true>, unsigned(rows), threads_for(dim), 0, as_stream(stream), x, dim, weight, eps,
-                 out);
+  launch_chained(rms_norm_kernel, unsigned(rows), threads_for(dim), 0, as_stream(stream), x, dim, weight, eps,
+                 static_cast<float*>(nullptr), out);
   ANVIL_CUDA_LAUNCHED();
 }
 
 void rms_norm_dual(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, float* out_f32,
                    uint16_t* out_bf16, Stream stream) {
   if (rows == 0) return;
-  launch_chained(rms_norm_dual_kernel, unsigned(rows), threads_for(dim), 0, as_stream(stream), x, dim, weight, eps,
+  launch_chained(rms_norm_kernel, unsigned(rows), threads_for(dim), 0, as_stream(stream), x, dim, weight, eps,
                  out_f32, out_bf16);
   ANVIL_CUDA_LAUNCHED();
 }
@@ -364,7 +347,8 @@ void rms_norm_f32(const float* x, int64_t rows, int64_t dim, const float* weight
                   Stream stream) {
   if (rows == 0) return;
   const int threads = dim <= 128 ? 32 * int(ceil_div(dim, 32)) : threads_for(dim);
-  launch_chained(rms_norm_kernel<false>, unsigned(rows), threads, 0, as_stream(stream), x, dim, weight, eps, out);
+  launch_chained(rms_norm_kernel, unsigned(rows), threads, 0, as_stream(stream), x, dim, weight, eps, out,
+                 static_cast<uint16_t*>(nullptr));
   ANVIL_CUDA_LAUNCHED();
 }
 
