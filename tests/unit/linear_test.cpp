@@ -372,15 +372,16 @@ TEST(Linear, ZeroTokensWritesNothing) {
 
 TEST(Linear, EmptyInputGivesBias) {
   const float bias[3] = {1.0f, -2.0f, 0.5f};
-  const float unused = 0.0f;
+  // Never read as weights (in_features is 0), but FP8 reads one row scale per output row.
+  const float unused[3] = {0.0f, 0.0f, 0.0f};
   for (WeightFormat format : kAllFormats) {
     LinearWeight weight;
     weight.format = format;
     weight.out_features = 3;
     weight.in_features = 0;
-    weight.data = &unused;
-    weight.scales = reinterpret_cast<const uint8_t*>(&unused);
-    weight.row_scales = &unused;
+    weight.data = unused;
+    weight.scales = reinterpret_cast<const uint8_t*>(unused);
+    weight.row_scales = unused;
     weight.bias = bias;
     const float x = 0.0f;
     ThreadPool pool(2);
