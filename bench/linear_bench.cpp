@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -35,9 +36,28 @@ ThreadPool& pool_of(int threads) {
   return *pool;
 }
 
+// Thread counts to run: ANVIL_BENCH_THREADS (a list like "1,8,16"), else 1 and 2.
+const std::vector<int>& bench_threads() {
+  static const std::vector<int> threads = [] {
+    std::vector<int> list;
+    if (const char* env = std::getenv("ANVIL_BENCH_THREADS")) {
+      for (const char* p = env; *p != '\0';) {
+        char* end = nullptr;
+        const long value = std::strtol(p, &end, 10);
+        if (end == p) break;
+        if (value > 0) list.push_back(int(value));
+        p = *end == ',' ? end + 1 : end;
+      }
+    }
+    if (list.empty()) list = {1, 2};
+    return list;
+  }();
+  return threads;
+}
+
 // Measured once, on first use, with all threads the largest benchmark uses.
 double copy_bandwidth_gbps() {
-  static const double gbps = anvil::measure_copy_bandwidth_gbps(pool_of(2));
+  static const double gbps = anvil::measure_copy_bandwidth_gbps(pool_of(bench_threads().back()));
   return gbps;
 }
 
@@ -118,20 +138,20 @@ void bench_linear(benchmark::State& state, WeightFormat format, anvil::Mxfp4Acti
 // where each layer's weights are read once per token. The single-layer benchmarks above reuse
 // one layer that partly stays in cache. Reports per layer.
 void bench_linear_dram(benchmark::State& state, WeightFormat format, anvil::Mxfp4Activations mode, int64_t out,
-                       int64_t in, int copies, int threads) {
+                       int64_t in, int copies, int64_t tokens, int threads) {
   anvil::set_mxfp4_activations(mode);
   std::vector<std::unique_ptr<Layer>> layers;
   for (int i = 0; i < copies; ++i) layers.push_back(std::make_unique<Layer>(format, out, in));
   uint64_t seed = 12345;
-  std::vector<float> x(static_cast<size_t>(in));
+  std::vector<float> x(static_cast<size_t>(in * tokens));
   for (auto& v : x) v = float(next_random(seed) >> 40) / float(1 << 23) - 1.0f;
-  std::vector<float> y(static_cast<size_t>(out));
+  std::vector<float> y(static_cast<size_t>(out * tokens));
   ThreadPool& pool = pool_of(threads);
   const double copy_gbps = copy_bandwidth_gbps();
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     for (const auto& layer : layers) {
-      anvil::linear_forward(layer->weight, x.data(), 1, y.data(), pool);
+      anvil::linear_forward(layer->weight, x.data(), tokens, y.data(), pool);
       benchmark::DoNotOptimize(y.data());
     }
     benchmark::ClobberMemory();
@@ -140,6 +160,8 @@ void bench_linear_dram(benchmark::State& state, WeightFormat format, anvil::Mxfp
   const double bytes = double(layers[0]->weight.weight_bytes()) * copies;
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(bytes));
   state.counters["us_per_layer"] = benchmark::Counter(seconds * 1e6 / double(copies) / double(state.iterations()));
+  state.counters["FLOPS"] = benchmark::Counter(2.0 * double(out) * double(in) * double(tokens) * double(copies),
+                                               benchmark::Counter::kIsIterationInvariantRate);
   if (copy_gbps > 0.0 && seconds > 0.0) {
     state.counters["pct_copy_bw"] = 100.0 * bytes * double(state.iterations()) / seconds / (copy_gbps * 1e9);
   }
@@ -162,14 +184,14 @@ void register_benchmarks() {
   struct Shape {
     int64_t out, in;
   };
-  for (int threads : {1, 2}) {
+  for (int threads : bench_threads()) {
     benchmark::RegisterBenchmark(("copy_bandwidth/threads:" + std::to_string(threads)).c_str(), bench_copy_bandwidth,
                                  threads)
         ->Iterations(1)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
-  for (int threads : {1, 2}) {
+  for (int threads : bench_threads()) {
     benchmark::RegisterBenchmark(("fma_peak/threads:" + std::to_string(threads)).c_str(), bench_fma_peak, threads)
         ->Iterations(1)
         ->UseRealTime()
@@ -186,19 +208,33 @@ void register_benchmarks() {
   // 8 layers of 5760x2880: 70 MB of MXFP4, 265 MB of bf16, well past an 8 MiB L3.
   constexpr int kDramCopies = 8;
   for (const Kernel& kernel : kernels) {
-    for (int threads : {1, 2}) {
+    for (int threads : bench_threads()) {
       const std::string name = "matvec_dram/" + kernel.name + "/5760x2880x" + std::to_string(kDramCopies) +
                                "/threads:" + std::to_string(threads);
       benchmark::RegisterBenchmark(name.c_str(), bench_linear_dram, kernel.format, kernel.mode, int64_t(5760),
-                                   int64_t(2880), kDramCopies, threads)
+                                   int64_t(2880), kDramCopies, int64_t(1), threads)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
+    }
+  }
+  // Batched decode of a Qwen3-1.7B-shaped MLP (bf16, 28 copies of gate_up and down: 2 GB, past any
+  // cache), as the server runs it with several sequences: tokens per call = concurrent streams.
+  for (int64_t tokens : {1, 8}) {
+    for (int threads : bench_threads()) {
+      for (Shape shape : {Shape{12288, 2048}, Shape{2048, 6144}}) {
+        const std::string name = "decode_dram/BF16/" + std::to_string(shape.out) + "x" + std::to_string(shape.in) +
+                                 "x28/tokens:" + std::to_string(tokens) + "/threads:" + std::to_string(threads);
+        benchmark::RegisterBenchmark(name.c_str(), bench_linear_dram, WeightFormat::BF16,
+                                     anvil::Mxfp4Activations::Float32, shape.out, shape.in, 28, tokens, threads)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   }
   for (const Kernel& kernel : kernels) {
     for (Shape shape : {Shape{5760, 2880}, Shape{2880, 2880}}) {
       for (int64_t tokens : {1, 8, 64}) {
-        for (int threads : {1, 2}) {
+        for (int threads : bench_threads()) {
           const std::string name = std::string(tokens == 1 ? "matvec/" : "matmul/") + kernel.name + "/" +
                                    std::to_string(shape.out) + "x" + std::to_string(shape.in) +
                                    "/tokens:" + std::to_string(tokens) + "/threads:" + std::to_string(threads);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
@@ -96,29 +97,65 @@ struct Int8Buffers {
   }
 };
 
-void forward_avx2(const LinearWeight& weight, const float* x, int64_t tokens, float* y, ThreadPool& pool) {
-  if (weight.format == WeightFormat::MXFP4 && mxfp4_activations() == Mxfp4Activations::Int8) {
-    thread_local Int8Buffers buffers;
-    const cpu::Mxfp4Int8Input input = buffers.prepare(tokens, weight.in_features);
-    cpu::mxfp4_int8_quantize_avx2(x, tokens, weight.in_features, input);
-    cpu::linear_parallel_rows(pool, weight, tokens, [&](int64_t begin, int64_t end) {
-      cpu::mxfp4_int8_rows_avx2(weight, input, tokens, y, begin, end);
-    });
-    return;
-  }
+void forward_int8(const LinearWeight& weight, const float* x, int64_t tokens, float* y, ThreadPool& pool) {
+  thread_local Int8Buffers buffers;
+  const cpu::Mxfp4Int8Input input = buffers.prepare(tokens, weight.in_features);
+  cpu::mxfp4_int8_quantize_avx2(x, tokens, weight.in_features, input);
+  cpu::linear_parallel_rows(pool, weight, tokens, [&](int64_t begin, int64_t end) {
+    cpu::mxfp4_int8_rows_avx2(weight, input, tokens, y, begin, end);
+  });
+}
+
+// The SIMD path for layers that share x (one layer, or a group from linear_forward_group, all of
+// one format and in_features): x is packed once, and one fork/join covers every layer's rows,
+// split as if the layers were one matrix. Each row is computed by the same code whichever range
+// it lands in, so results do not depend on the grouping or the thread count.
+void forward_simd(std::span<const LinearWeight* const> layers, const float* x, int64_t tokens,
+                  std::span<float* const> ys, ThreadPool& pool) {
+  const LinearWeight& first = *layers[0];
+  const int64_t in = first.in_features;
   const float* x_packed = x;
-  if (cpu::linear_avx2_needs_packed_x(weight.format)) {
+  if (cpu::linear_avx2_needs_packed_x(first.format)) {
     // Reused across calls: decode runs this once per layer per token, and a fresh allocation
     // would cost page faults every time.
     thread_local std::vector<float> buffer;
-    const size_t size = size_t(tokens) * size_t(weight.in_features);
+    const size_t size = size_t(tokens) * size_t(in);
     if (buffer.size() < size) buffer.resize(size);
-    cpu::linear_avx2_pack_x(weight.format, x, tokens, weight.in_features, buffer.data());
+    cpu::linear_avx2_pack_x(first.format, x, tokens, in, buffer.data());
     x_packed = buffer.data();
   }
-  cpu::linear_parallel_rows(pool, weight, tokens, [&](int64_t begin, int64_t end) {
-    cpu::linear_avx2_rows(weight, x_packed, tokens, y, begin, end);
-  });
+  const float* x_pairs = nullptr;
+  if (cpu::cpu_use_avx512() && cpu::linear_avx512_handles(first.format, tokens)) {
+    thread_local std::vector<float> pairs;
+    const size_t size = size_t(cpu::linear_avx512_pair_floats(tokens, in));
+    if (pairs.size() < size) pairs.resize(size);
+    cpu::linear_avx512_pair_x(x_packed, tokens, in, pairs.data());
+    // The pointer, not the name: inside the lambda below, running on a worker, `pairs` would be
+    // that worker's own (empty) thread_local vector.
+    x_pairs = pairs.data();
+  }
+  int64_t total_rows = 0;
+  for (const LinearWeight* layer : layers) total_rows += layer->out_features;
+  auto rows = [&](int64_t begin, int64_t end) {
+    int64_t offset = 0;
+    for (size_t i = 0; i < layers.size() && offset < end; ++i) {
+      const LinearWeight& layer = *layers[i];
+      const int64_t lo = std::max(begin, offset) - offset, hi = std::min(end, offset + layer.out_features) - offset;
+      if (lo < hi) {
+        if (x_pairs != nullptr) {
+          cpu::linear_avx512_rows(layer, x_packed, x_pairs, tokens, ys[i], lo, hi);
+        } else {
+          cpu::linear_avx2_rows(layer, x_packed, tokens, ys[i], lo, hi);
+        }
+      }
+      offset += layer.out_features;
+    }
+  };
+  if (pool.size() <= 1 || total_rows * in * tokens < cpu::kLinearMinParallelMacs) {
+    rows(0, total_rows);
+  } else {
+    pool.parallel_for(total_rows, rows, cpu::kLinearRowGrain);
+  }
 }
 
 }  // namespace
@@ -166,11 +203,33 @@ void linear_forward(const LinearWeight& weight, const float* x, int64_t tokens, 
   validate(weight);
   validate_io(x, tokens, y);
   if (tokens == 0 || weight.out_features == 0) return;
-  if (cpu::cpu_use_avx2()) {
-    forward_avx2(weight, x, tokens, y, pool);
-  } else {
+  if (!cpu::cpu_use_avx2()) {
     cpu::linear_forward_scalar(weight, x, tokens, y, pool);
+  } else if (weight.format == WeightFormat::MXFP4 && mxfp4_activations() == Mxfp4Activations::Int8) {
+    forward_int8(weight, x, tokens, y, pool);
+  } else {
+    const LinearWeight* layers[] = {&weight};
+    float* outputs[] = {y};
+    forward_simd(layers, x, tokens, outputs, pool);
   }
+}
+
+void linear_forward_group(std::span<const LinearWeight* const> weights, const float* x, int64_t tokens,
+                          std::span<float* const> ys, ThreadPool& pool) {
+  if (weights.size() != ys.size()) fail("linear group: {} layers but {} outputs", weights.size(), ys.size());
+  if (weights.empty()) return;
+  bool shared = cpu::cpu_use_avx2() && tokens > 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    validate(*weights[i]);
+    validate_io(x, tokens, ys[i]);
+    shared = shared && weights[i]->format == weights[0]->format && weights[i]->in_features == weights[0]->in_features;
+  }
+  const bool int8 = weights[0]->format == WeightFormat::MXFP4 && mxfp4_activations() == Mxfp4Activations::Int8;
+  if (!shared || int8) {
+    for (size_t i = 0; i < weights.size(); ++i) linear_forward(*weights[i], x, tokens, ys[i], pool);
+    return;
+  }
+  forward_simd(weights, x, tokens, ys, pool);
 }
 
 void linear_decode_row(const LinearWeight& weight, int64_t row, float* out) {

@@ -2,6 +2,7 @@
 // Linear layers in every weight format anvil reads. A layer carries its format, so model code
 // never forks by quantization: it calls linear_forward and the backend picks the kernel.
 #include <cstdint>
+#include <span>
 
 #include "core/thread_pool.h"
 
@@ -61,6 +62,13 @@ const char* mxfp4_activations_name(Mxfp4Activations mode);  // "int8" or "f32"
 // supports; results equal linear_forward_reference (with the current mxfp4_activations()) within
 // float32 reassociation error.
 void linear_forward(const LinearWeight& weight, const float* x, int64_t tokens, float* y, ThreadPool& pool);
+
+// Layers that read the same x (q, k and v; gate and up): ys[i] = linear_forward(*weights[i], x),
+// bit for bit, but where they share format and in_features x is prepared once and one fork/join
+// of the pool covers all their rows. With a few tokens on many threads the per-call fork/join
+// and packing cost as much as a small layer's arithmetic.
+void linear_forward_group(std::span<const LinearWeight* const> weights, const float* x, int64_t tokens,
+                          std::span<float* const> ys, ThreadPool& pool);
 
 // The scalar reference every SIMD kernel is tested against; `mxfp4` says how MXFP4 layers treat
 // the input (dense formats ignore it).

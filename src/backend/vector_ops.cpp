@@ -28,6 +28,9 @@ void axpy_f32_reference(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-const char* cpu_kernel_isa() { return cpu::cpu_use_avx2() ? "avx2+fma" : "scalar"; }
+const char* cpu_kernel_isa() {
+  if (cpu::cpu_use_avx512()) return "avx512+avx2+fma";
+  return cpu::cpu_use_avx2() ? "avx2+fma" : "scalar";
+}
 
 }  // namespace anvil

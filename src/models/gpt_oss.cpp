@@ -101,9 +101,11 @@ class GptOss : public Model {
 
       // Attention: q/k/v with biases, YaRN RoPE (mscale on cos and sin), sinks in the softmax.
       cpu::rms_norm(x.data(), rows, hidden, layer.input_norm.data(), float(c.rms_norm_eps), h.data());
-      linear_forward(layer.q_proj, h.data(), rows, q.data(), pool);
-      linear_forward(layer.k_proj, h.data(), rows, k.data(), pool);
-      linear_forward(layer.v_proj, h.data(), rows, v.data(), pool);
+      {
+        const LinearWeight* projections[] = {&layer.q_proj, &layer.k_proj, &layer.v_proj};
+        float* outputs[] = {q.data(), k.data(), v.data()};
+        linear_forward_group(projections, h.data(), rows, outputs, pool);
+      }
       for (int64_t r = 0; r < rows; ++r) {
         rope_.apply(q.data() + r * q_width, c.num_heads, head_dim, step.positions[size_t(r)]);
         rope_.apply(k.data() + r * kv_width, c.num_kv_heads, head_dim, step.positions[size_t(r)]);

@@ -116,9 +116,11 @@ class Qwen3 : public Model {
 
       // Attention: per-head RMSNorm on q and k, then RoPE, then causal GQA.
       cpu::rms_norm(x.data(), rows, hidden, layer.input_norm.data(), eps, h.data());
-      linear_forward(layer.q_proj, h.data(), rows, q.data(), pool);
-      linear_forward(layer.k_proj, h.data(), rows, k.data(), pool);
-      linear_forward(layer.v_proj, h.data(), rows, v.data(), pool);
+      {
+        const LinearWeight* projections[] = {&layer.q_proj, &layer.k_proj, &layer.v_proj};
+        float* outputs[] = {q.data(), k.data(), v.data()};
+        linear_forward_group(projections, h.data(), rows, outputs, pool);
+      }
       cpu::rms_norm(q.data(), rows * c.num_heads, head_dim, layer.q_norm.data(), eps, q.data());
       cpu::rms_norm(k.data(), rows * c.num_kv_heads, head_dim, layer.k_norm.data(), eps, k.data());
       for (int64_t r = 0; r < rows; ++r) {
@@ -158,8 +160,9 @@ class Qwen3 : public Model {
     ThreadPool& pool = default_thread_pool();
     const int64_t width = gate_proj.out_features;
     std::vector<float> gate(size_t(rows * width)), up(gate.size());
-    linear_forward(gate_proj, x, rows, gate.data(), pool);
-    linear_forward(up_proj, x, rows, up.data(), pool);
+    const LinearWeight* projections[] = {&gate_proj, &up_proj};
+    float* outputs[] = {gate.data(), up.data()};
+    linear_forward_group(projections, x, rows, outputs, pool);
     cpu::silu_mul(gate.data(), up.data(), rows * width, gate.data());
     linear_forward(down_proj, gate.data(), rows, out, pool);
   }

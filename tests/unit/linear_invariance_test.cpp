@@ -18,7 +18,11 @@ void expect_batch_invariant(WeightFormat format, int64_t out, int64_t in) {
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::vector<uint8_t> codes(size_t(out * in / 2)), scales(size_t(out * in / 32));
   std::vector<uint16_t> halves(size_t(out * in));
-  std::vector<float> floats(size_t(out * in)), bias(static_cast<size_t>(out));
+  std::vector<float> floats(size_t(out * in)), bias(static_cast<size_t>(out)), row_scales(static_cast<size_t>(out));
+  // FP8 (one E4M3 byte per weight, never the NaN codes 0x7f / 0xff) or MXFP4 (two codes per byte).
+  std::vector<uint8_t> bytes(size_t(out * in));
+  for (auto& b : bytes) b = uint8_t(rng() % 0x7f) | uint8_t(rng() & 0x80);
+  for (auto& s : row_scales) s = 0.25f + 0.01f * float(rng() % 100);
   for (auto& b : codes) b = uint8_t(rng());
   for (auto& s : scales) s = uint8_t(120 + rng() % 8);
   for (size_t i = 0; i < halves.size(); ++i) {
@@ -31,12 +35,15 @@ void expect_batch_invariant(WeightFormat format, int64_t out, int64_t in) {
   weight.out_features = out;
   weight.in_features = in;
   weight.data = format == WeightFormat::MXFP4 ? static_cast<const void*>(codes.data())
+                : format == WeightFormat::FP8  ? static_cast<const void*>(bytes.data())
                 : format == WeightFormat::F32  ? static_cast<const void*>(floats.data())
                                                : static_cast<const void*>(halves.data());
   weight.scales = scales.data();
+  if (format == WeightFormat::FP8) weight.row_scales = row_scales.data();
   weight.bias = bias.data();
 
-  ThreadPool pool(2);
+  // More threads than rows per thread grain on the larger layers, so partitions vary.
+  ThreadPool pool(3);
   const int64_t max_tokens = 70;
   std::vector<float> x(size_t(max_tokens * in));
   for (auto& v : x) v = uniform(rng);
@@ -62,6 +69,11 @@ TEST(LinearBatchInvariance, Mxfp4) {
 TEST(LinearBatchInvariance, Bf16) { expect_batch_invariant(WeightFormat::BF16, 67, 2880); }
 TEST(LinearBatchInvariance, F16) { expect_batch_invariant(WeightFormat::F16, 33, 640); }
 TEST(LinearBatchInvariance, F32) { expect_batch_invariant(WeightFormat::F32, 33, 640); }
+TEST(LinearBatchInvariance, Fp8) { expect_batch_invariant(WeightFormat::FP8, 37, 656); }
+// Row lengths that leave a tail after the last whole chunk, and row counts that leave rows after
+// the last whole tile: the paths for both must keep the canonical order too.
+TEST(LinearBatchInvariance, Bf16RaggedShape) { expect_batch_invariant(WeightFormat::BF16, 35, 2888); }
+TEST(LinearBatchInvariance, F32RaggedShape) { expect_batch_invariant(WeightFormat::F32, 19, 644); }
 
 }  // namespace
 }  // namespace anvil

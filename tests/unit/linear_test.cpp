@@ -339,6 +339,51 @@ TEST(Linear, ResultDoesNotDependOnThreadCount) {
   }
 }
 
+TEST(Linear, GroupEqualsEachLayerAlone) {
+  // q, k and v (or gate and up) run as one group sharing x and one fork/join: every output must
+  // be bit for bit what the layer gives alone, for row counts that split the group's rows across
+  // threads mid-layer.
+  ThreadPool one(1), three(3);
+  for (WeightFormat format : kAllFormats) {
+    const int64_t in = format == WeightFormat::MXFP4 ? 320 : format == WeightFormat::NVFP4 ? 336 : 333;
+    RandomLayer a(format, 75, in, true, 21), b(format, 19, in, false, 22), c(format, 40, in, true, 23);
+    for_each_mode(format, [&] {
+      for (int64_t tokens : {1, 2, 7, 8, 33}) {
+        const std::vector<float> x = random_input(tokens, in, 24);
+        std::vector<float> ya(size_t(tokens * 75)), yb(size_t(tokens * 19)), yc(size_t(tokens * 40));
+        linear_forward(a.weight, x.data(), tokens, ya.data(), one);
+        linear_forward(b.weight, x.data(), tokens, yb.data(), one);
+        linear_forward(c.weight, x.data(), tokens, yc.data(), one);
+        for (ThreadPool* pool : {&one, &three}) {
+          std::vector<float> ga(ya.size()), gb(yb.size()), gc(yc.size());
+          const LinearWeight* layers[] = {&a.weight, &b.weight, &c.weight};
+          float* outputs[] = {ga.data(), gb.data(), gc.data()};
+          linear_forward_group(layers, x.data(), tokens, outputs, *pool);
+          EXPECT_EQ(ga, ya) << kernel_name(format) << " tokens " << tokens;
+          EXPECT_EQ(gb, yb) << kernel_name(format) << " tokens " << tokens;
+          EXPECT_EQ(gc, yc) << kernel_name(format) << " tokens " << tokens;
+        }
+      }
+    });
+  }
+}
+
+TEST(Linear, GroupOfMixedFormatsRunsEachLayer) {
+  ThreadPool pool(2);
+  RandomLayer bf16(WeightFormat::BF16, 33, 320, true, 31), fp32(WeightFormat::F32, 17, 320, false, 32);
+  const std::vector<float> x = random_input(3, 320, 33);
+  std::vector<float> y1(3 * 33), y2(3 * 17), g1(y1.size()), g2(y2.size());
+  linear_forward(bf16.weight, x.data(), 3, y1.data(), pool);
+  linear_forward(fp32.weight, x.data(), 3, y2.data(), pool);
+  const LinearWeight* layers[] = {&bf16.weight, &fp32.weight};
+  float* outputs[] = {g1.data(), g2.data()};
+  linear_forward_group(layers, x.data(), 3, outputs, pool);
+  EXPECT_EQ(g1, y1);
+  EXPECT_EQ(g2, y2);
+  float* one_output[] = {g1.data()};
+  EXPECT_THROW(linear_forward_group(layers, x.data(), 3, one_output, pool), std::exception);
+}
+
 TEST(Linear, TokenResultDoesNotDependOnBatch) {
   // A server batches unrelated requests: each token's output must be bit-identical to computing
   // it alone, whichever kernel (few-token or many-token) the batch size selects.
@@ -676,7 +721,7 @@ TEST(Linear, WeightBytes) {
 
 TEST(Linear, ReportsKernelIsa) {
   const std::string isa = cpu_kernel_isa();
-  EXPECT_EQ(isa, cpu::cpu_use_avx2() ? "avx2+fma" : "scalar");
+  EXPECT_EQ(isa, cpu::cpu_use_avx512() ? "avx512+avx2+fma" : cpu::cpu_use_avx2() ? "avx2+fma" : "scalar");
 }
 
 }  // namespace

@@ -13,6 +13,11 @@ CpuFeatures probe() {
   features.avx2 = __builtin_cpu_supports("avx2");
   features.fma = __builtin_cpu_supports("fma");
   features.f16c = __builtin_cpu_supports("f16c");
+  // libgcc also checks that the OS saves the AVX-512 register state (XCR0) before reporting these.
+  features.avx512f = __builtin_cpu_supports("avx512f");
+  features.avx512bw = __builtin_cpu_supports("avx512bw");
+  features.avx512dq = __builtin_cpu_supports("avx512dq");
+  features.avx512vl = __builtin_cpu_supports("avx512vl");
 #endif
   return features;
 }
@@ -23,12 +28,25 @@ const CpuFeatures& cpu_features() {
   return features;
 }
 
+namespace {
+bool isa_capped_at(const char* cap) {
+  const char* isa = std::getenv("ANVIL_CPU_ISA");
+  return isa != nullptr && std::strcmp(isa, cap) == 0;
+}
+}  // namespace
+
 bool cpu_use_avx2() {
   static const bool use = [] {
     const CpuFeatures& f = cpu_features();
-    const char* isa = std::getenv("ANVIL_CPU_ISA");
-    const bool forced_scalar = isa != nullptr && std::strcmp(isa, "scalar") == 0;
-    return f.avx2 && f.fma && f.f16c && !forced_scalar;
+    return f.avx2 && f.fma && f.f16c && !isa_capped_at("scalar");
+  }();
+  return use;
+}
+
+bool cpu_use_avx512() {
+  static const bool use = [] {
+    const CpuFeatures& f = cpu_features();
+    return cpu_use_avx2() && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && !isa_capped_at("avx2");
   }();
   return use;
 }

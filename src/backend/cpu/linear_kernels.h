@@ -28,6 +28,21 @@ void linear_avx2_pack_x(WeightFormat format, const float* x, int64_t tokens, int
 void linear_avx2_rows(const LinearWeight& weight, const float* x_packed, int64_t tokens, float* y, int64_t row_begin,
                       int64_t row_end);
 
+// Batches of at least this many tokens of a dense format (F32, F16, BF16, FP8) go through the
+// matrix-matrix path (decode a row block once, then a register-tiled micro-kernel); smaller ones
+// through register tiles that convert the weights as they go.
+inline constexpr int64_t kDenseGemmMinTokens = 32;
+
+// AVX-512 tiles for the few-token regime of the dense formats (linear_avx512.cpp); call only when
+// cpu_use_avx512() is true. Bit for bit the AVX2 kernels' results. handles() says which layers
+// and token counts they take; the caller lays x (as returned by linear_avx2_pack_x) out in token
+// pairs once per call with pair_x, into pair_floats() floats, which every thread then reads.
+bool linear_avx512_handles(WeightFormat format, int64_t tokens);
+int64_t linear_avx512_pair_floats(int64_t tokens, int64_t in);
+void linear_avx512_pair_x(const float* x_packed, int64_t tokens, int64_t in, float* x_pairs);
+void linear_avx512_rows(const LinearWeight& weight, const float* x_packed, const float* x_pairs, int64_t tokens,
+                        float* y, int64_t row_begin, int64_t row_end);
+
 // Int8-activation MXFP4 (Mxfp4Activations::Int8). The input of every token is quantized once
 // per call into these buffers, [tokens, in] bytes, [tokens, in / 2] and [tokens, in / 32]:
 //  q:       the int8 values of quantize_mxfp4_input, each block in kernel order (its 16 even
