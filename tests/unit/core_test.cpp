@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "backend/rope.h"
 #include "core/dtype.h"
@@ -71,6 +73,26 @@ TEST(ThreadPool, CoversRangeExactlyOnceAndDeterministically) {
   }
   EXPECT_EQ(first, second);
   for (auto [begin, end] : first) EXPECT_EQ(begin % 8, 0);
+}
+
+TEST(ThreadPool, RunsEveryTaskAcrossSpinningAndSleepingWorkers) {
+  // Calls back to back (workers still spinning), then after pauses longer than the spin window
+  // (workers asleep, woken through the condition variable): every call must run on every thread
+  // exactly once and return only when all have finished.
+  for (int threads : {2, 4}) {
+    ThreadPool pool(threads);
+    std::atomic<int> runs{0};
+    for (int call = 0; call < 400; ++call) {
+      std::vector<int> seen(size_t(threads), 0);
+      pool.run_on_all([&](int index) {
+        seen[size_t(index)]++;
+        runs++;
+      });
+      for (int count : seen) ASSERT_EQ(count, 1) << "call " << call;
+      if (call % 50 == 0) std::this_thread::sleep_for(std::chrono::microseconds(3 * ThreadPool::kSpinMicroseconds));
+    }
+    EXPECT_EQ(runs.load(), 400 * threads);
+  }
 }
 
 TEST(Rope, YarnFrequenciesMatchTheOpenAIReference) {
