@@ -334,17 +334,7 @@ ANVIL_INLINE void batch_tile(const Row* rows, int64_t c_begin, int64_t c_end, co
   }
 }
 
-// Calls f.operator()<T>() with T = n for n in [1, kBatchTileTokens].
-template <typename F>
-ANVIL_INLINE void with_batch_tile_size(int n, const F& f) {
-  switch (n) {
-    case 1: f.template operator()<1>(); break;
-    case 2: f.template operator()<2>(); break;
-    case 3: f.template operator()<3>(); break;
-    default: f.template operator()<4>(); break;
-  }
-}
-static_assert(kBatchTileTokens == 4, "with_batch_tile_size covers 1..4");
+static_assert(kBatchTileTokens == 4, "with_count_1_to_4 covers the tile widths");
 
 template <class Row, typename MakeRow>
 void batch_rows(const LinearWeight& weight, const float* x, int64_t tokens, float* y, int64_t row_begin,
@@ -390,7 +380,7 @@ void batch_rows(const LinearWeight& weight, const float* x, int64_t tokens, floa
         for (int64_t i = 0; i < tiles; ++i) {
           const int64_t t0 = tokens * i / tiles;
           const int count = int(tokens * (i + 1) / tiles - t0);
-          with_batch_tile_size(count, [&]<int T>() {
+          with_count_1_to_4(count, [&]<int T>() {
             auto run = [&]<int R>() {
               Row tile_rows[R];
               for (int k = 0; k < R; ++k) tile_rows[k] = make_row(r0 + r + k);

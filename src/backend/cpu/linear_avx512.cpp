@@ -85,16 +85,7 @@ ANVIL_INLINE void pair_tile(const Row* rows, int64_t chunks, const float* xp, in
   }
 }
 
-template <typename F>
-ANVIL_INLINE void with_pair_count(int n, const F& f) {
-  switch (n) {
-    case 1: f.template operator()<1>(); break;
-    case 2: f.template operator()<2>(); break;
-    case 3: f.template operator()<3>(); break;
-    default: f.template operator()<4>(); break;
-  }
-}
-static_assert(kTilePairs == 4, "with_pair_count covers 1..4");
+static_assert(kTilePairs == 4, "with_count_1_to_4 covers the tile widths");
 
 template <class Row, typename MakeRow>
 void pair_rows(const LinearWeight& weight, const float* x_packed, const float* x_pairs, int64_t tokens, float* y,
@@ -111,7 +102,7 @@ void pair_rows(const LinearWeight& weight, const float* x_packed, const float* x
       for (int r = 0; r < R; ++r) rows[r] = make_row(r0 + r);
       for (int64_t p0 = 0; p0 < pairs; p0 += kTilePairs) {
         const int count = int(pairs - p0 < kTilePairs ? pairs - p0 : kTilePairs);
-        with_pair_count(count, [&]<int P>() {
+        with_count_1_to_4(count, [&]<int P>() {
           __m512 acc[R][P];
           pair_tile<Row, R, P>(rows, chunks, x_pairs + p0 * 16, group_stride, acc);
           for (int r = 0; r < R; ++r) {

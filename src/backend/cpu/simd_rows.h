@@ -146,6 +146,18 @@ ANVIL_INLINE void static_for(const F& f) {
   }
 }
 
+// Calls f.operator()<N>() with N = n for n in [1, 4] (4 for anything larger): tile widths that
+// must be compile-time constants, each getting its own fully unrolled kernel.
+template <typename F>
+ANVIL_INLINE void with_count_1_to_4(int n, const F& f) {
+  switch (n) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 3: f.template operator()<3>(); break;
+    default: f.template operator()<4>(); break;
+  }
+}
+
 ANVIL_INLINE float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
