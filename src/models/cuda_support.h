@@ -85,6 +85,15 @@ class DeviceArena {
     }
     return buffers_[size_t(slot)].get<T>();
   }
+  // As get, zero-filled (on `stream`) whenever the buffer is new: for workspaces whose users
+  // keep part of them at zero between calls (attention's tickets).
+  template <typename T>
+  T* get_zeroed(int slot, int64_t count, cuda::Stream stream) {
+    const uint64_t before = generation_;
+    T* data = get<T>(slot, count);
+    if (generation_ != before) cuda::memset_device(data, 0, buffers_[size_t(slot)].bytes(), stream);
+    return data;
+  }
   // Changes whenever a buffer moved (a graph captured before then is stale).
   uint64_t generation() const { return generation_; }
 

@@ -228,7 +228,7 @@ class GptOss : public Model {
                                    : cuda::moe_mxfp4_workspace_bytes(rows, int(top_k), experts, hidden, c.intermediate_size);
     void* moe_workspace = run.arena.get<uint8_t>(10, int64_t(moe_bytes));
     const size_t attention_bytes = cuda::attention_workspace_bytes(rows, c.num_heads, head_dim);
-    void* attention_workspace = run.arena.get<uint8_t>(11, int64_t(attention_bytes));
+    void* attention_workspace = run.arena.get_zeroed<uint8_t>(11, int64_t(attention_bytes), stream);
 
     // y = W·norm(x) + b, with norm(x) rounded to bf16 first unless exact.
     auto normed_linear = [&](const float* input, const float* norm, const uint16_t* weight, const float* bias,

@@ -256,7 +256,7 @@ class Qwen3 : public Model {
     const size_t moe_bytes = cuda::moe_bf16_workspace_bytes(rows, int(top_k), std::max<int64_t>(c.moe_intermediate_size, 1));
     void* moe_workspace = run.arena.get<uint8_t>(12, int64_t(moe_bytes));
     const size_t attention_bytes = cuda::attention_workspace_bytes(rows, c.num_heads, head_dim);
-    void* attention_workspace = run.arena.get<uint8_t>(13, int64_t(attention_bytes));
+    void* attention_workspace = run.arena.get_zeroed<uint8_t>(13, int64_t(attention_bytes), stream);
 
     auto normed_linear = [&](const float* input, const float* norm, const uint16_t* weight, int64_t out_features,
                              float* y) {

@@ -73,8 +73,10 @@ struct AttentionCase {
 // compares the tested step's outputs. Keys and values are drawn so that the cache's element type
 // holds them exactly; a float32 cache gives float32 output, compared tightly. graph_shapes
 // uploads the tested step as a CUDA-graph decode step would (padded tables, fixed split count).
+// The tested step runs `repeats` times on one workspace: the decode kernel's split tickets must
+// be back at zero after every call.
 void check_attention(const AttentionCase& c, uint32_t seed, cuda::KvDtype dtype = cuda::KvDtype::BF16,
-                     bool graph_shapes = false) {
+                     bool graph_shapes = false, int repeats = 1) {
   std::mt19937 rng(seed);
   const int64_t block = 16, q_width = c.heads * c.head_dim, kv_width = c.kv_heads * c.head_dim;
   int64_t total_blocks = 0;
@@ -148,25 +150,28 @@ void check_attention(const AttentionCase& c, uint32_t seed, cuda::KvDtype dtype 
     const cuda::KvLayerCache cache{gpu_cache.device_keys(0), gpu_cache.device_values(0), block, dtype};
     const auto d_q = to_device(q), d_k = to_device(k), d_v = to_device(v);
     cuda::DeviceBuffer d_out(size_t(rows * q_width) * (f32 ? 4 : 2));
-    cuda::memset_device(d_out.get(), 0xff, d_out.bytes());  // poison: NaN everywhere
     const size_t workspace_bytes = cuda::attention_workspace_bytes(rows, c.heads, c.head_dim);
     cuda::DeviceBuffer workspace(workspace_bytes);
+    cuda::memset_device(workspace.get(), 0, workspace_bytes);
     cuda::kv_cache_write(step.groups[0], shape, d_k.get<float>(), d_v.get<float>(), cache, nullptr);
-    std::vector<float> got;
-    if (f32) {
-      cuda::paged_attention(step.groups[0], shape, d_q.get<float>(), cache, d_out.get<float>(), workspace.get(),
-                            workspace_bytes, nullptr);
-      got = to_host<float>(d_out, size_t(rows * q_width));
-    } else {
-      cuda::paged_attention(step.groups[0], shape, d_q.get<float>(), cache, d_out.get<uint16_t>(), workspace.get(),
-                            workspace_bytes, nullptr);
-      got = bf16_to_floats(to_host<uint16_t>(d_out, size_t(rows * q_width)));
+    for (int repeat = 0; repeat < (phase == 1 ? repeats : 1); ++repeat) {
+      cuda::memset_device(d_out.get(), 0xff, d_out.bytes());  // poison: NaN everywhere
+      std::vector<float> got;
+      if (f32) {
+        cuda::paged_attention(step.groups[0], shape, d_q.get<float>(), cache, d_out.get<float>(), workspace.get(),
+                              workspace_bytes, nullptr);
+        got = to_host<float>(d_out, size_t(rows * q_width));
+      } else {
+        cuda::paged_attention(step.groups[0], shape, d_q.get<float>(), cache, d_out.get<uint16_t>(), workspace.get(),
+                              workspace_bytes, nullptr);
+        got = bf16_to_floats(to_host<uint16_t>(d_out, size_t(rows * q_width)));
+      }
+      const double error = relative_error(got, want);
+      // bf16 output rounds at 2^-9 relative; float32 output differs from the CPU by summation order.
+      EXPECT_LT(error, f32 ? 1e-5 : 1e-2) << "phase " << phase << " repeat " << repeat << " heads " << c.heads << "/"
+                                          << c.kv_heads << " dim " << c.head_dim << " window " << c.window
+                                          << " cache " << cuda::kv_dtype_name(dtype);
     }
-    const double error = relative_error(got, want);
-    // bf16 output rounds at 2^-9 relative; float32 output differs from the CPU by summation order.
-    EXPECT_LT(error, f32 ? 1e-5 : 1e-2) << "phase " << phase << " heads " << c.heads << "/" << c.kv_heads << " dim "
-                                        << c.head_dim << " window " << c.window << " cache "
-                                        << cuda::kv_dtype_name(dtype);
   }
 }
 
@@ -205,6 +210,29 @@ TEST(CudaAttention, GraphShapedDecodeStepsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   check_attention({64, 8, 64, 0, true, {{3, 1}, {300, 1}, {1500, 1}}}, 15, cuda::KvDtype::BF16, true);
   check_attention({64, 8, 64, 128, true, {{0, 1}, {200, 1}}}, 16, cuda::KvDtype::BF16, true);
+}
+
+// Decode-only steps take the decode kernel: contexts from one key to several splits, windows
+// that start mid-chunk, every group size up to 8 and the generic kernel past it (16), every
+// head_dim, and one workspace reused across calls (its split tickets must return to zero).
+TEST(CudaAttention, DecodeKernelMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::pair<int64_t, int64_t>> lengths = {{0, 1}, {30, 1}, {31, 1}, {127, 1}, {128, 1},
+                                                            {129, 1}, {700, 1}, {2100, 1}};
+  for (bool graph : {false, true}) {
+    check_attention({64, 8, 64, 0, true, lengths}, 21, cuda::KvDtype::BF16, graph, 3);
+    check_attention({64, 8, 64, 128, true, lengths}, 22, cuda::KvDtype::BF16, graph, 3);
+    check_attention({64, 8, 64, 128, true, {{2100, 1}}}, 23, cuda::KvDtype::BF16, graph, 3);
+    check_attention({16, 8, 128, 0, false, {{3000, 1}}}, 24, cuda::KvDtype::BF16, graph, 3);
+  }
+  check_attention({12, 4, 128, 0, true, lengths}, 25, cuda::KvDtype::F32, false, 2);
+  check_attention({12, 4, 128, 100, true, lengths}, 26, cuda::KvDtype::FP8_E4M3, true, 2);
+  check_attention({4, 4, 32, 0, false, lengths}, 27);
+  check_attention({32, 2, 64, 0, true, {{40, 1}, {300, 1}}}, 28);  // group 16: the generic kernel
+  std::vector<std::pair<int64_t, int64_t>> many;  // a wide batch: no split at all
+  for (int i = 0; i < 70; ++i) many.push_back({(i * 37) % 600, 1});
+  check_attention({64, 8, 64, 0, true, many}, 29, cuda::KvDtype::BF16, true);
+  check_attention({64, 8, 64, 128, true, many}, 30);
 }
 
 TEST(CudaAttention, SmallHeadDimAsQwen3Tiny) {

@@ -6,7 +6,8 @@
 // values stream through shared memory in tiles of BK positions (gathered through the block
 // table), with an online softmax (running max and sum per query). When few work items exist
 // (decode), the context is split and a second kernel merges the partial results, flash-decoding
-// style. Learned sinks join the softmax denominator only, once, at the end.
+// style. Learned sinks join the softmax denominator only, once, at the end. Steps in which every
+// sequence has exactly one new row (decode) take attention_decode.cuh instead.
 //
 // Why CUDA cores, not tensor cores: the step's attention FLOPs are small next to its weight
 // reads at decode, and at a 2048-token prefill they are ~4e10 per full layer, a few ms in all.
@@ -16,6 +17,8 @@
 #include <cfloat>
 #include <type_traits>
 
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
@@ -24,50 +27,20 @@ namespace anvil::cuda {
 
 namespace {
 
+using namespace attn;
+
 constexpr int kThreads = 128;      // 16 row groups x 8 column groups
 constexpr int kKeysPerTile = 32;   // BK
 constexpr int kMaxSplits = 16;
 constexpr int64_t kMaxSplitRows = 64;  // splitting is for decode-sized steps only
+constexpr int64_t kTargetBlocks = 264;  // split until the grid has about this many blocks
 
-// Eight consecutive cache elements at `index` (a multiple of 8) as float32.
-template <KvDtype T>
-__device__ __forceinline__ void load8(const void* base, int64_t index, float out[8]) {
-  if constexpr (T == KvDtype::F32) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(base) + index);
-    const float4 a = p[0], b = p[1];
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
-  } else if constexpr (T == KvDtype::BF16) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + index);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-    for (int i = 0; i < 4; ++i) {
-      out[2 * i] = __uint_as_float(w[i] << 16);
-      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-  } else {
-    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + index);
-    const uint32_t w[2] = {raw.x, raw.y};
-    for (int i = 0; i < 2; ++i)
-      for (int j = 0; j < 2; ++j) {
-        const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w[i] >> (16 * j)), __NV_E4M3);
-        const float2 f = __half22float2(__half2(pair));
-        out[4 * i + 2 * j] = f.x;
-        out[4 * i + 2 * j + 1] = f.y;
-      }
-  }
+// The workspace: the decode kernel's tickets (one int per row and head, a fixed size so that they
+// stay at zero while the rest is reused), then the splits' partial results.
+size_t ticket_bytes(int64_t num_heads) { return size_t(kMaxSplitRows * num_heads) * sizeof(int) / 256 * 256 + 256; }
+size_t partial_bytes(int64_t rows, int64_t num_heads, int64_t head_dim, int64_t splits) {
+  return size_t(rows * num_heads * splits * (head_dim + 2)) * sizeof(float);
 }
-
-template <KvDtype T>
-__device__ __forceinline__ void store_kv(void* base, int64_t index, float value) {
-  if constexpr (T == KvDtype::F32)
-    static_cast<float*>(base)[index] = value;
-  else if constexpr (T == KvDtype::BF16)
-    static_cast<uint16_t*>(base)[index] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
-  else
-    static_cast<uint8_t*>(base)[index] = __nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3);
-}
-
-__device__ __forceinline__ void store_out(uint16_t* p, float value) { *p = __bfloat16_as_ushort(__float2bfloat16_rn(value)); }
-__device__ __forceinline__ void store_out(float* p, float value) { *p = value; }
 
 template <int D, int BQ, KvDtype KV, typename Out>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionBatch batch, AttentionShape shape, const float* q,
@@ -354,7 +327,7 @@ void dispatch_kv(const AttentionBatch& batch, const AttentionShape& shape, const
 }  // namespace
 
 size_t attention_workspace_bytes(int64_t max_rows, int64_t num_heads, int64_t head_dim) {
-  return size_t(std::min(max_rows, kMaxSplitRows) * num_heads * kMaxSplits * (head_dim + 2)) * sizeof(float);
+  return ticket_bytes(num_heads) + partial_bytes(std::min(max_rows, kMaxSplitRows), num_heads, head_dim, kMaxSplits);
 }
 
 void kv_cache_write(const AttentionBatch& batch, const AttentionShape& shape, const float* k, const float* v,
@@ -404,39 +377,98 @@ void split_qkv_rope_to_cache(const float* qkv, const AttentionBatch& batch, cons
 
 namespace {
 
+template <int D, int G, KvDtype KV, typename Out>
+void launch_decode(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
+                   Out* out, float* partials, int* tickets, int splits, cudaStream_t stream) {
+  constexpr auto kernel = decode_attention_kernel<D, G, KV, Out>;
+  constexpr size_t smem = decode_smem_bytes<D, KV>();
+  static bool configured = false;  // per template instance; with the static arrays past 48 KB
+  if (!configured) {
+    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured = true;
+  }
+  const dim3 grid(unsigned(batch.num_sequences), unsigned(shape.num_kv_heads), unsigned(splits));
+  launch_chained(kernel, grid, kDecodeWarps * 32, smem, stream, batch, shape, q, cache, out, partials, tickets, splits);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+template <int D, int G, typename Out>
+void dispatch_decode_kv(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                        const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits,
+                        cudaStream_t stream) {
+  if constexpr (std::is_same_v<Out, float>) {
+    if (cache.dtype == KvDtype::F32)
+      return launch_decode<D, G, KvDtype::F32>(batch, shape, q, cache, out, partials, tickets, splits, stream);
+  } else {
+    if (cache.dtype == KvDtype::BF16)
+      return launch_decode<D, G, KvDtype::BF16>(batch, shape, q, cache, out, partials, tickets, splits, stream);
+    if (cache.dtype == KvDtype::FP8_E4M3)
+      return launch_decode<D, G, KvDtype::FP8_E4M3>(batch, shape, q, cache, out, partials, tickets, splits, stream);
+  }
+  dispatch_kv<D>(batch, shape, q, cache, out, partials, 1, stream);  // throws the pairing error
+}
+
+template <int D, typename Out>
+void dispatch_decode(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
+                     Out* out, float* partials, int* tickets, int splits, cudaStream_t stream) {
+  const int64_t group = shape.num_heads / shape.num_kv_heads;
+  if (group <= 2) return dispatch_decode_kv<D, 2>(batch, shape, q, cache, out, partials, tickets, splits, stream);
+  if (group <= 4) return dispatch_decode_kv<D, 4>(batch, shape, q, cache, out, partials, tickets, splits, stream);
+  dispatch_decode_kv<D, 8>(batch, shape, q, cache, out, partials, tickets, splits, stream);
+}
+
 template <typename Out>
 void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
                           const KvLayerCache& cache, Out* out, void* workspace, size_t workspace_bytes, Stream stream) {
   if (batch.num_rows == 0) return;
   if (shape.num_kv_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0)
     throw_cuda_error("paged_attention: num_heads must be a multiple of num_kv_heads", int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  if (shape.head_dim != 32 && shape.head_dim != 64 && shape.head_dim != 128)
+    throw_cuda_error("paged_attention: head_dim must be 32, 64 or 128", int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  const int64_t group = shape.num_heads / shape.num_kv_heads;
+  const cudaStream_t s = as_stream(stream);
+  const size_t tickets_size = ticket_bytes(shape.num_heads);
+  if (workspace_bytes < tickets_size)
+    throw_cuda_error("paged_attention: workspace smaller than attention_workspace_bytes", int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  int* tickets = static_cast<int*>(workspace);
+  float* partials = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + tickets_size);
+  const size_t partials_room = workspace_bytes - tickets_size;
+  const int64_t context = shape.sliding_window > 0 ? std::min(batch.max_context, shape.sliding_window + batch.max_new_tokens)
+                                                   : batch.max_context;
+
+  if (batch.max_new_tokens == 1 && batch.num_rows == batch.num_sequences && group <= kDecodeMaxGroup) {
+    int splits = 1;
+    if (batch.num_rows <= kMaxSplitRows) {
+      const int64_t by_length = ceil_div(ceil_div(context, kDecodeKeys), kDecodeWarps);
+      const int64_t by_occupancy = ceil_div(kTargetBlocks, batch.num_sequences * shape.num_kv_heads);
+      splits = int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
+      if (partial_bytes(batch.num_rows, shape.num_heads, shape.head_dim, splits) > partials_room) splits = 1;
+    }
+    switch (shape.head_dim) {
+      case 32: return dispatch_decode<32>(batch, shape, q, cache, out, partials, tickets, splits, s);
+      case 64: return dispatch_decode<64>(batch, shape, q, cache, out, partials, tickets, splits, s);
+      default: return dispatch_decode<128>(batch, shape, q, cache, out, partials, tickets, splits, s);
+    }
+  }
+
   // Split the context when the grid would leave most multiprocessors idle (decode) and each split
   // still gets a few key tiles.
   int splits = 1;
-  const int64_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t bq = batch.max_new_tokens * group <= 16 ? 16 : 64;
   const int64_t work_items = batch.num_sequences * ceil_div(batch.max_new_tokens * group, bq) * shape.num_kv_heads;
-  if (batch.num_rows <= kMaxSplitRows && work_items < 264) {
-    const int64_t context = shape.sliding_window > 0 ? std::min(batch.max_context, shape.sliding_window + batch.max_new_tokens)
-                                                     : batch.max_context;
+  if (batch.num_rows <= kMaxSplitRows && work_items < kTargetBlocks) {
     // A sliding layer's context is one short window: one key tile per split keeps enough blocks
     // busy at decode (a single split ran 8 blocks for gpt-oss, ~20 us per layer on an H200).
     const int64_t tiles_per_split = shape.sliding_window > 0 ? 1 : 4;
     const int64_t by_length = context / (tiles_per_split * kKeysPerTile);
-    const int64_t by_occupancy = ceil_div(264, work_items);
+    const int64_t by_occupancy = ceil_div(kTargetBlocks, work_items);
     splits = int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
   }
-  float* partials = static_cast<float*>(workspace);
-  if (splits > 1 &&
-      size_t(batch.num_rows * shape.num_heads * splits * (shape.head_dim + 2)) * sizeof(float) > workspace_bytes)
-    splits = 1;
-  const cudaStream_t s = as_stream(stream);
+  if (splits > 1 && partial_bytes(batch.num_rows, shape.num_heads, shape.head_dim, splits) > partials_room) splits = 1;
   switch (shape.head_dim) {
     case 32: dispatch_kv<32>(batch, shape, q, cache, out, partials, splits, s); break;
     case 64: dispatch_kv<64>(batch, shape, q, cache, out, partials, splits, s); break;
-    case 128: dispatch_kv<128>(batch, shape, q, cache, out, partials, splits, s); break;
-    default:
-      throw_cuda_error("paged_attention: head_dim must be 32, 64 or 128", int(cudaErrorInvalidValue), __FILE__, __LINE__);
+    default: dispatch_kv<128>(batch, shape, q, cache, out, partials, splits, s); break;
   }
   if (splits > 1) {
     launch_chained(merge_splits_kernel<Out>, dim3(unsigned(batch.num_rows), unsigned(shape.num_heads)), 64, 0, s,

@@ -195,7 +195,8 @@ void split_qkv_rope_to_cache(const float* qkv, const AttentionBatch& batch, cons
 // Causal attention of each row's query (float32 [rows, heads*head_dim]) over its sequence's
 // cached keys/values (the step's own tokens must already be written). Output [rows,
 // heads*head_dim] in bf16 (feeds a bf16 matrix product) or float32 (the float32 compute mode).
-// workspace: attention_workspace_bytes(...) bytes for split-context partials.
+// workspace: attention_workspace_bytes(...) bytes for split-context partials and the decode
+// kernel's tickets; zero-filled before its first use (every call leaves the tickets at zero).
 size_t attention_workspace_bytes(int64_t max_rows, int64_t num_heads, int64_t head_dim);
 void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
                      const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,
