@@ -170,6 +170,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     r.offsets[tid] = offset;
     if (tid == num_experts - 1) r.offsets[num_experts] = offset + total;
     if (active) r.active[active_index] = tid;
+    // Past the active experts: -1, so a decode block learns it has no expert from one load.
+    if (tid >= grand[2]) r.active[tid] = -1;
     for (int i = 0; i < tiles; ++i) {
       r.tile_expert[first_tile + i] = tid;
       r.tile_row[first_tile + i] = offset + i * tile_rows;

@@ -52,10 +52,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   static_assert(kDecodeWarps % kSplitK == 0, "k split within a block");
   using namespace gemm;
   using namespace mxfp4;
-  const int active_index = blockIdx.y;
-  if (active_index >= r.header[kNumActive]) return;  // whole block: no barrier is skipped
-  const int expert = r.active[active_index];
-  const int begin = r.offsets[expert], count = r.offsets[expert + 1] - begin;
+  // The routing writes -1 past the active experts: one dependent load before the weights stream.
+  const int expert = r.active[blockIdx.y];
+  if (expert < 0) return;  // whole block: no barrier is skipped
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kpart = warp % kSplitK;
@@ -152,6 +151,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
       multiply(wa4, wb4, sc, xs, std::false_type{});
   };
 
+  // The first pass's weights start streaming before the token list is read.
+  for (int j = 0; j < kDecodeStages - 1; ++j) issue_weights(j);
+  const int begin = r.offsets[expert], count = r.offsets[expert + 1] - begin;
   for (int tok0 = 0; tok0 < count; tok0 += 8 * kTokenTiles) {
 #pragma unroll
     for (int n = 0; n < kTokenTiles; ++n) {
@@ -162,7 +164,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
       for (int j = 0; j < 4; ++j) acc[0][n][j] = acc[1][n][j] = 0.0f;
     }
 
-    for (int j = 0; j < kDecodeStages - 1; ++j) issue_weights(j);
+    if (tok0 > 0)
+      for (int j = 0; j < kDecodeStages - 1; ++j) issue_weights(j);
     if (tok0 == 0) {
       // The warp's 16 scale rows are contiguous: rows row0..row0+15 of the expert (N % 16 == 0, so
       // a tile is all in or all out; a tile past N copies the last one, never stored). They start

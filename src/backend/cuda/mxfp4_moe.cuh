@@ -15,7 +15,7 @@ constexpr int kMaxExperts = 256;
 struct Routing {
   int32_t* header = nullptr;       // Header fields
   int32_t* offsets = nullptr;      // [E + 1]: expert e owns sorted positions [offsets[e], offsets[e+1])
-  int32_t* active = nullptr;       // [E]: experts with at least one slot, ascending; header[kNumActive] valid
+  int32_t* active = nullptr;       // [E]: experts with at least one slot, ascending, then -1
   int32_t* sorted_slot = nullptr;  // [m * k]: slot at each sorted position
   int32_t* tile_expert = nullptr;  // [max_tiles]: expert of each GEMM row tile
   int32_t* tile_row = nullptr;     // [max_tiles]: first sorted position of each tile
