@@ -120,35 +120,6 @@ QuantizedLinear quantize_linear(const LinearWeight& source, WeightFormat target,
     linear_decode_row(source, 0, probe.data());  // validates the layer here rather than on a worker
   }
 
-  // Pass 1: each row's largest magnitude, and its first non-finite weight. Workers must not throw,
-  // so the error is raised here afterwards.
-  std::vector<float> row_amax(size_t(out), 0.0f);
-  std::vector<int64_t> bad_column(size_t(out), -1);
-  pool.parallel_for(
-      out,
-      [&](int64_t begin, int64_t end) {
-        std::vector<float> w(static_cast<size_t>(in));
-        for (int64_t r = begin; r < end; ++r) {
-          linear_decode_row(source, r, w.data());
-          float amax = 0.0f;
-          for (int64_t i = 0; i < in; ++i) {
-            if (!std::isfinite(w[size_t(i)])) {
-              bad_column[size_t(r)] = i;
-              break;
-            }
-            amax = std::max(amax, std::fabs(w[size_t(i)]));
-          }
-          row_amax[size_t(r)] = amax;
-        }
-      },
-      kRowGrain);
-  for (int64_t r = 0; r < out; ++r) {
-    if (bad_column[size_t(r)] >= 0) {
-      fail("{}: weight [{}, {}] is not finite, so the layer cannot be quantized to {}", name, r,
-           bad_column[size_t(r)], target_text);
-    }
-  }
-
   QuantizedLinear result;
   LinearWeight& weight = result.weight_;
   weight.format = target;
@@ -163,40 +134,81 @@ QuantizedLinear quantize_linear(const LinearWeight& source, WeightFormat target,
     result.data_.resize(elements / 2);
     result.scales_.resize(elements / size_t(block));
   }
+
+  // Each row's largest magnitude and its first non-finite weight. Workers must not throw, so the
+  // error is raised afterwards.
+  std::vector<float> row_amax(size_t(out), 0.0f);
+  std::vector<int64_t> bad_column(size_t(out), -1);
+  auto scan_row = [&](int64_t r, const float* w) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < in; ++i) {
+      if (!std::isfinite(w[i])) {
+        bad_column[size_t(r)] = i;
+        return;
+      }
+      amax = std::max(amax, std::fabs(w[i]));
+    }
+    row_amax[size_t(r)] = amax;
+  };
+  auto quantize_row = [&](int64_t r, const float* w) {
+    switch (target) {
+      case WeightFormat::MXFP4:
+        quantize_mxfp4_row(w, in, result.data_.data() + r * in / 2, result.scales_.data() + r * in / 32);
+        break;
+      case WeightFormat::NVFP4:
+        quantize_nvfp4_row(w, in, weight.global_scale, result.data_.data() + r * in / 2,
+                           result.scales_.data() + r * in / 16);
+        break;
+      default: {
+        // As for NVFP4's global scale: a row too small for amax / 448 to be nonzero is all zeros.
+        const float scale = row_amax[size_t(r)] / 448.0f > 0.0f ? row_amax[size_t(r)] / 448.0f : 1.0f;
+        result.row_scales_[size_t(r)] = scale;
+        uint8_t* codes = result.data_.data() + r * in;
+        for (int64_t i = 0; i < in; ++i) codes[i] = f32_to_e4m3(w[i] / scale);
+        break;
+      }
+    }
+  };
+  // Calls row(r, decoded row r) for every row, on the pool.
+  auto for_each_row = [&](const auto& row) {
+    pool.parallel_for(
+        out,
+        [&](int64_t begin, int64_t end) {
+          std::vector<float> w(static_cast<size_t>(in));
+          for (int64_t r = begin; r < end; ++r) {
+            linear_decode_row(source, r, w.data());
+            row(r, w.data());
+          }
+        },
+        kRowGrain);
+  };
+  auto check_finite = [&] {
+    for (int64_t r = 0; r < out; ++r) {
+      if (bad_column[size_t(r)] >= 0) {
+        fail("{}: weight [{}, {}] is not finite, so the layer cannot be quantized to {}", name, r,
+             bad_column[size_t(r)], target_text);
+      }
+    }
+  };
+
   if (target == WeightFormat::NVFP4) {
+    // The global scale needs every row's magnitude before any row is quantized: two passes.
+    for_each_row(scan_row);
+    check_finite();
     const float amax = out > 0 ? *std::max_element(row_amax.begin(), row_amax.end()) : 0.0f;
     // A tensor whose largest weight is below about 2^-138 has a global scale that underflows; its
     // weights all quantize to zero with any scale, so 1 serves as for an all-zero tensor.
     const float global = amax / (6.0f * 448.0f);
     weight.global_scale = global > 0.0f ? global : 1.0f;
+    for_each_row(quantize_row);
+  } else {
+    // MXFP4 and FP8 need only the row itself: each row is decoded once.
+    for_each_row([&](int64_t r, const float* w) {
+      scan_row(r, w);
+      if (bad_column[size_t(r)] < 0) quantize_row(r, w);
+    });
+    check_finite();
   }
-
-  pool.parallel_for(
-      out,
-      [&](int64_t begin, int64_t end) {
-        std::vector<float> w(static_cast<size_t>(in));
-        for (int64_t r = begin; r < end; ++r) {
-          linear_decode_row(source, r, w.data());
-          switch (target) {
-            case WeightFormat::MXFP4:
-              quantize_mxfp4_row(w.data(), in, result.data_.data() + r * in / 2, result.scales_.data() + r * in / 32);
-              break;
-            case WeightFormat::NVFP4:
-              quantize_nvfp4_row(w.data(), in, weight.global_scale, result.data_.data() + r * in / 2,
-                                 result.scales_.data() + r * in / 16);
-              break;
-            default: {
-              // As for NVFP4's global scale: a row too small for amax / 448 to be nonzero is all zeros.
-              const float scale = row_amax[size_t(r)] / 448.0f > 0.0f ? row_amax[size_t(r)] / 448.0f : 1.0f;
-              result.row_scales_[size_t(r)] = scale;
-              uint8_t* codes = result.data_.data() + r * in;
-              for (int64_t i = 0; i < in; ++i) codes[i] = f32_to_e4m3(w[size_t(i)] / scale);
-              break;
-            }
-          }
-        }
-      },
-      kRowGrain);
 
   weight.data = result.data_.data();
   weight.scales = result.scales_.empty() ? nullptr : result.scales_.data();

@@ -6,14 +6,12 @@
 
 #include <chrono>
 #include <cstring>
-#include <condition_variable>
-#include <map>
-#include <mutex>
 
 #include "backend/cuda/runtime.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "models/model.h"
+#include "support/engine_runs.h"
 #include "support/test_support.h"
 
 namespace anvil {
@@ -87,49 +85,27 @@ TEST_F(CudaGraphTest, GreedyDecodeEqualsEagerAcrossAStrideChange) {
 
 // Several requests of different lengths through the batching engine: the decode batch shrinks
 // as they finish (one graph per batch size); one request samples, so its steps bring logits back.
-std::map<uint64_t, std::vector<int32_t>> run_engine(std::unique_ptr<Model> model) {
-  EngineConfig config;
-  config.max_num_seqs = 8;
-  config.kv_cache_bytes = size_t(64) << 20;
-  config.kv_cache_bytes_set = true;
-  config.enable_prefix_caching = false;
+std::vector<std::vector<int32_t>> run_engine(std::unique_ptr<Model> model) {
   const int32_t vocab = int32_t(model->config().vocab_size);
-  Engine engine(std::move(model), config);
-  std::mutex mutex;
-  std::condition_variable done;
-  std::map<uint64_t, std::vector<int32_t>> outputs;
-  int finished = 0;
-  const int requests = 5;
-  for (int r = 0; r < requests; ++r) {
-    RequestParams params;
+  std::vector<RequestParams> requests(5);
+  for (int r = 0; r < 5; ++r) {
+    RequestParams& params = requests[size_t(r)];
     params.prompt_ids = prompt_of(5 + 17 * r, vocab, uint32_t(100 + r));
     params.max_tokens = 8 + 9 * r;
     params.ignore_eos = true;
     params.sampling.temperature = r == 2 ? 0.8f : 0.0f;
     if (r == 2) params.sampling.seed = 1234;
-    const uint64_t slot = uint64_t(r);
-    engine.submit(std::move(params), [&, slot](const RequestOutput& output) {
-      std::lock_guard lock(mutex);
-      auto& ids = outputs[slot];
-      for (const auto& token : output.tokens) ids.push_back(token.token);
-      if (output.finished) {
-        ++finished;
-        done.notify_all();
-      }
-    });
   }
-  std::unique_lock lock(mutex);
-  EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(120), [&] { return finished == requests; }));
-  return outputs;
+  return test::run_engine_requests(std::move(model), std::move(requests));
 }
 
 TEST_F(CudaGraphTest, BatchedEngineEqualsEager) {
   const auto with_graphs = run_engine(load_tiny(false));
   const auto without = run_engine(load_tiny(true));
   ASSERT_EQ(with_graphs.size(), 5u);
-  for (const auto& [slot, ids] : without) {
-    EXPECT_EQ(ids.size(), size_t(8 + 9 * slot)) << "request " << slot;
-    EXPECT_EQ(with_graphs.at(slot), ids) << "request " << slot;
+  for (size_t slot = 0; slot < without.size(); ++slot) {
+    EXPECT_EQ(without[slot].size(), 8 + 9 * slot) << "request " << slot;
+    EXPECT_EQ(with_graphs[slot], without[slot]) << "request " << slot;
   }
 }
 

@@ -11,11 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <random>
 #include <set>
 
@@ -24,6 +21,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "models/model.h"
+#include "support/engine_runs.h"
 #include "support/test_support.h"
 
 namespace anvil {
@@ -258,25 +256,15 @@ TEST(CudaSampling, PrintsKernelTimes) {
 // each sequence's uniforms in the same order, so the tokens agree (a flip would need a uniform
 // within float rounding of a CDF boundary: about 1e-7 per draw here, not seen with these seeds).
 // Graph replay and --enforce-eager must agree exactly.
-std::map<int, std::vector<int32_t>> run_engine(bool enforce_eager, bool host_draws) {
+std::vector<std::vector<int32_t>> run_engine(bool enforce_eager, bool host_draws) {
   LoadOptions options;
   options.device = Device::Cuda;
   options.enforce_eager = enforce_eager;
   auto model = load_model(test::fixtures_dir() / "gpt-oss-tiny", options);
   const int32_t vocab = int32_t(model->config().vocab_size);
-  EngineConfig config;
-  config.max_num_seqs = 8;
-  config.kv_cache_bytes = size_t(64) << 20;
-  config.kv_cache_bytes_set = true;
-  config.enable_prefix_caching = false;
-  Engine engine(std::move(model), config);
-  std::mutex mutex;
-  std::condition_variable done;
-  std::map<int, std::vector<int32_t>> outputs;
-  const int requests = 6;
-  int finished = 0;
-  for (int r = 0; r < requests; ++r) {
-    RequestParams params;
+  std::vector<RequestParams> requests(6);
+  for (int r = 0; r < 6; ++r) {
+    RequestParams& params = requests[size_t(r)];
     std::mt19937 rng(uint32_t(50 + r));
     for (int i = 0; i < 9 + 7 * r; ++i) params.prompt_ids.push_back(int32_t(rng() % uint32_t(vocab)));
     params.max_tokens = 12 + 5 * r;
@@ -292,18 +280,8 @@ std::map<int, std::vector<int32_t>> run_engine(bool enforce_eager, bool host_dra
                params.sampling.min_p = 0.02f;
     }
     if (host_draws) params.top_logprobs = 0;
-    engine.submit(std::move(params), [&, r](const RequestOutput& output) {
-      std::lock_guard lock(mutex);
-      for (const auto& token : output.tokens) outputs[r].push_back(token.token);
-      if (output.finished) {
-        ++finished;
-        done.notify_all();
-      }
-    });
   }
-  std::unique_lock lock(mutex);
-  EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(120), [&] { return finished == requests; }));
-  return outputs;
+  return test::run_engine_requests(std::move(model), std::move(requests));
 }
 
 TEST(CudaSampling, EngineDrawsOnTheGpuWhatTheHostDraws) {
@@ -312,13 +290,13 @@ TEST(CudaSampling, EngineDrawsOnTheGpuWhatTheHostDraws) {
   const auto eager = run_engine(true, false);
   const auto on_host = run_engine(false, true);
   ASSERT_EQ(on_gpu.size(), 6u);
-  for (const auto& [r, ids] : on_gpu) {
-    EXPECT_EQ(ids.size(), size_t(12 + 5 * r)) << "request " << r;
-    EXPECT_EQ(eager.at(r), ids) << "request " << r << ": graph replay vs --enforce-eager";
-    EXPECT_EQ(on_host.at(r), ids) << "request " << r << ": GPU draw vs host draw";
+  for (size_t r = 0; r < on_gpu.size(); ++r) {
+    EXPECT_EQ(on_gpu[r].size(), 12 + 5 * r) << "request " << r;
+    EXPECT_EQ(eager[r], on_gpu[r]) << "request " << r << ": graph replay vs --enforce-eager";
+    EXPECT_EQ(on_host[r], on_gpu[r]) << "request " << r << ": GPU draw vs host draw";
   }
   // Sampling really happened: the sampled requests are not all their own argmax streams.
-  std::set<int32_t> distinct(on_gpu.at(0).begin(), on_gpu.at(0).end());
+  std::set<int32_t> distinct(on_gpu[0].begin(), on_gpu[0].end());
   EXPECT_GT(distinct.size(), 1u);
 }
 #endif

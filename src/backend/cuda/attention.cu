@@ -33,7 +33,6 @@ constexpr int kThreads = 128;      // 16 row groups x 8 column groups
 constexpr int kKeysPerTile = 32;   // BK
 constexpr int kMaxSplits = 16;
 constexpr int64_t kMaxSplitRows = 64;  // splitting is for decode-sized steps only
-constexpr int64_t kTargetBlocks = 264;  // split until the grid has about this many blocks
 
 // The workspace: the decode kernel's tickets (one int per row and head, a fixed size so that they
 // stay at zero while the rest is reused), then the splits' partial results.
@@ -433,6 +432,8 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
   int* tickets = static_cast<int*>(workspace);
   float* partials = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + tickets_size);
   const size_t partials_room = workspace_bytes - tickets_size;
+  // Split until the grid has about two blocks per multiprocessor.
+  const int64_t target_blocks = 2 * int64_t(current_multiprocessors());
   const int64_t context = shape.sliding_window > 0 ? std::min(batch.max_context, shape.sliding_window + batch.max_new_tokens)
                                                    : batch.max_context;
 
@@ -440,7 +441,7 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
     int splits = 1;
     if (batch.num_rows <= kMaxSplitRows) {
       const int64_t by_length = ceil_div(ceil_div(context, kDecodeKeys), kDecodeWarps);
-      const int64_t by_occupancy = ceil_div(kTargetBlocks, batch.num_sequences * shape.num_kv_heads);
+      const int64_t by_occupancy = ceil_div(target_blocks, batch.num_sequences * shape.num_kv_heads);
       splits = int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
       if (partial_bytes(batch.num_rows, shape.num_heads, shape.head_dim, splits) > partials_room) splits = 1;
     }
@@ -456,12 +457,12 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
   int splits = 1;
   const int64_t bq = batch.max_new_tokens * group <= 16 ? 16 : 64;
   const int64_t work_items = batch.num_sequences * ceil_div(batch.max_new_tokens * group, bq) * shape.num_kv_heads;
-  if (batch.num_rows <= kMaxSplitRows && work_items < kTargetBlocks) {
+  if (batch.num_rows <= kMaxSplitRows && work_items < target_blocks) {
     // A sliding layer's context is one short window: one key tile per split keeps enough blocks
     // busy at decode (a single split ran 8 blocks for gpt-oss, ~20 us per layer on an H200).
     const int64_t tiles_per_split = shape.sliding_window > 0 ? 1 : 4;
     const int64_t by_length = context / (tiles_per_split * kKeysPerTile);
-    const int64_t by_occupancy = ceil_div(kTargetBlocks, work_items);
+    const int64_t by_occupancy = ceil_div(target_blocks, work_items);
     splits = int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
   }
   if (splits > 1 && partial_bytes(batch.num_rows, shape.num_heads, shape.head_dim, splits) > partials_room) splits = 1;

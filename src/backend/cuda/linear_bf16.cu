@@ -307,17 +307,10 @@ __global__ void linear_bf16_generic_kernel(const uint16_t* __restrict__ weight, 
   }
 }
 
-int multiprocessors() {
-  int device = 0, count = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
-  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
 template <int kTokenTiles>
 void launch_gemv(const uint16_t* weight, const float* bias, const uint16_t* x, int m, int out, int in, float* y,
                  bool accumulate, cudaStream_t stream) {
-  const int64_t blocks = ceil_div(out, 16), sms = multiprocessors();
+  const int64_t blocks = ceil_div(out, 16), sms = current_multiprocessors();
   if (blocks > 2 * sms && blocks <= 4 * sms) {
     launch_chained(gemv_bf16_kernel<kTokenTiles, 4>, unsigned(blocks), 4 * 32, 0, stream, weight, bias, x, m, out, in,
                    y, accumulate);
@@ -385,7 +378,7 @@ void linear_bf16_impl(const uint16_t* weight, const float* bias, const uint16_t*
   // Tile shape by how well the grid fills the GPU (measured on an H200, m = 2048: 128x128 reaches
   // 305-340 TFLOP/s when its blocks make near-whole waves, 128x64 wins when they would not,
   // 64x64 when even 128x64 leaves SMs idle).
-  const int64_t sms = multiprocessors();
+  const int64_t sms = current_multiprocessors();
   const int64_t big_tiles = ceil_div(m, 128) * ceil_div(out, 128), big_slots = 2 * sms;
   const int64_t big_waves = ceil_div(big_tiles, big_slots);
   if (big_tiles >= sms && big_tiles * 5 >= big_waves * big_slots * 4)

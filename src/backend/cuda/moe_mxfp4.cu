@@ -296,13 +296,6 @@ Layout layout_for(int64_t rows, int k, int64_t experts, int64_t hidden, int64_t 
 
 // ---- launches ----
 
-int multiprocessors() {
-  int device = 0, count = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
-  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
 template <int kTokenTiles, int kSplitK, bool kGateUp>
 void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
   constexpr int kRowsPerBlock = 16 * kDecodeWarps / kSplitK;
@@ -326,7 +319,7 @@ void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bo
 template <int kTokenTiles, bool kGateUp>
 void launch_decode(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
   const int64_t warps = ceil_div(p.n, 16) * active_bound;
-  const int64_t resident = int64_t(kDecodeWarpsPerSm<kTokenTiles>) * multiprocessors();
+  const int64_t resident = int64_t(kDecodeWarpsPerSm<kTokenTiles>) * current_multiprocessors();
   if (2 * warps > resident) return launch_decode_split<kTokenTiles, 1, kGateUp>(p, r, active_bound, stream);
   if (4 * warps > resident) return launch_decode_split<kTokenTiles, 2, kGateUp>(p, r, active_bound, stream);
   launch_decode_split<kTokenTiles, 4, kGateUp>(p, r, active_bound, stream);

@@ -137,6 +137,18 @@ static std::atomic<bool>& chained_launch_allowed() {
   return allowed;
 }
 
+int current_multiprocessors() {
+  static std::atomic<int> cache[64] = {};  // 0: not asked yet
+  int device = 0;
+  RT_CHECK(cudaGetDevice(&device));
+  int count = device >= 0 && device < 64 ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (count == 0) {
+    RT_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    if (device >= 0 && device < 64) cache[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
 bool chained_launch_enabled() {
   // Per device index; -1 unknown, 0 off, 1 on. Filled on first use (a launch outside capture).
   static std::atomic<int8_t> cache[64] = {};

@@ -73,6 +73,10 @@ bool chained_launch_enabled();
 // on; a captured graph keeps what it was captured with. For tests and A/B measurements.
 void allow_chained_launch(bool allowed);
 
+// The current device's multiprocessor count (kernel launchers size their grids by it), asked of
+// the driver once per device.
+int current_multiprocessors();
+
 // Makes `index` the current device and checks its capability against the kernel table.
 const ArchKernels& select_device(int index);
 
