@@ -92,7 +92,8 @@ std::vector<OpKernel> portable_ops(bool chained_launch) {
   return {
       {"linear_bf16", "mma.sync m16n8k16 bf16 GEMM / vectorized GEMV"},
       {"moe_mxfp4", "mma.sync W4A16 grouped GEMM, MXFP4 dequantized in registers"},
-      {"attention", "paged flash-decoding, fp32 online softmax, sinks + window"},
+      {"attention",
+       "paged, fp32 online softmax, sinks + window: tiled (prefill), one pass with in-kernel split merge (decode)"},
       {"norm_rope_embed", "elementwise (fp32)"},
       {kLaunchOp, chained_launch ? kLaunchChained : "stream order"},
   };
