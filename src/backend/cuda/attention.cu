@@ -380,14 +380,14 @@ template <int D, int G, KvDtype KV, typename Out>
 void launch_decode(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
                    Out* out, float* partials, int* tickets, int splits, cudaStream_t stream) {
   constexpr auto kernel = decode_attention_kernel<D, G, KV, Out>;
-  constexpr size_t smem = decode_smem_bytes<D, KV>();
+  constexpr size_t smem = decode_smem_bytes<D, G, KV>();
   static bool configured = false;  // per template instance; with the static arrays past 48 KB
   if (!configured) {
     ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured = true;
   }
   const dim3 grid(unsigned(batch.num_sequences), unsigned(shape.num_kv_heads), unsigned(splits));
-  launch_chained(kernel, grid, kDecodeWarps * 32, smem, stream, batch, shape, q, cache, out, partials, tickets, splits);
+  launch_chained(kernel, grid, kDecodeWarps<KV> * 32, smem, stream, batch, shape, q, cache, out, partials, tickets, splits);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -440,7 +440,7 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
   if (batch.max_new_tokens == 1 && batch.num_rows == batch.num_sequences && group <= kDecodeMaxGroup) {
     int splits = 1;
     if (batch.num_rows <= kMaxSplitRows) {
-      const int64_t by_length = ceil_div(ceil_div(context, kDecodeKeys), kDecodeWarps);
+      const int64_t by_length = ceil_div(ceil_div(context, kDecodeKeys), decode_warps(cache.dtype));
       const int64_t by_occupancy = ceil_div(target_blocks, batch.num_sequences * shape.num_kv_heads);
       splits = int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
       if (partial_bytes(batch.num_rows, shape.num_heads, shape.head_dim, splits) > partials_room) splits = 1;

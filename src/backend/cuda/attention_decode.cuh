@@ -29,7 +29,10 @@ using gemm::cp_async_commit;
 using gemm::cp_async_wait;
 using gemm::smem_u32;
 
-constexpr int kDecodeWarps = 4;
+// Warps per block: 8, so that a sliding window (~5 chunks) or a short context fits in one split
+// and needs no merge; 4 with a float32 cache, whose value rows would not fit SM120's 99 KB.
+template <KvDtype T>
+constexpr int kDecodeWarps = T == KvDtype::F32 ? 4 : 8;
 constexpr int kDecodeMaxGroup = 8;  // query heads per KV head; more take the generic kernel
 constexpr int kDecodeKeys = 32;     // keys per warp step, one per lane
 
@@ -40,10 +43,17 @@ __device__ __forceinline__ float fp8_to_float(uint32_t byte) {
 template <KvDtype T>
 constexpr int kElementBytes = T == KvDtype::F32 ? 4 : T == KvDtype::BF16 ? 2 : 1;
 
-// Shared memory for the value rows: [warp][key][D] cache elements.
-template <int D, KvDtype T>
+constexpr int decode_warps(KvDtype t) {
+  return t == KvDtype::F32 ? kDecodeWarps<KvDtype::F32> : kDecodeWarps<KvDtype::BF16>;
+}
+
+// Dynamic shared memory: the value rows, [warp][key][D] cache elements, and after the loop the
+// warps' output accumulators, [warp][head][D] floats, in the same bytes.
+template <int D, int G, KvDtype T>
 constexpr size_t decode_smem_bytes() {
-  return size_t(kDecodeWarps) * kDecodeKeys * D * kElementBytes<T>;
+  const size_t rows = size_t(kDecodeWarps<T>) * kDecodeKeys * D * kElementBytes<T>;
+  const size_t accumulators = size_t(kDecodeWarps<T>) * G * D * sizeof(float);
+  return rows > accumulators ? rows : accumulators;
 }
 
 // N (= head_dim / 32: 1, 2 or 4) consecutive cache elements at `p` (shared memory) as float32.
@@ -68,16 +78,16 @@ __device__ __forceinline__ void load_slice(const uint8_t* p, float out[N]) {
 // G: the group (query heads per KV head) rounded up to 2, 4 or 8; the padding heads have q = 0
 // and are never stored, so every loop over heads runs without a branch.
 template <int D, int G, KvDtype KV, typename Out>
-__global__ void __launch_bounds__(kDecodeWarps * 32)
+__global__ void __launch_bounds__(kDecodeWarps<KV> * 32)
     decode_attention_kernel(AttentionBatch batch, AttentionShape shape, const float* q, KvLayerCache cache, Out* out,
                             float* partials, int* tickets, int splits) {
-  constexpr int kPerLane = D / 32, kRowBytes = D * kElementBytes<KV>;
+  constexpr int kWarps = kDecodeWarps<KV>, kPerLane = D / 32, kRowBytes = D * kElementBytes<KV>;
   __shared__ __align__(16) float q_s[G][D];
-  __shared__ __align__(16) float p_s[kDecodeWarps][kDecodeKeys][G];
-  __shared__ float max_s[kDecodeWarps][G], sum_s[kDecodeWarps][G];
-  __shared__ float acc_s[kDecodeWarps][G][D];
+  __shared__ __align__(16) float p_s[kWarps][kDecodeKeys][G];
+  __shared__ float max_s[kWarps][G], sum_s[kWarps][G];
   __shared__ bool last_s;
-  extern __shared__ __align__(16) uint8_t value_rows[];  // [warp][key][kRowBytes]
+  extern __shared__ __align__(16) uint8_t value_rows[];  // [warp][key][kRowBytes], then acc_s
+  float (*const acc_s)[G][D] = reinterpret_cast<float (*)[G][D]>(value_rows);
 
   // The step's metadata and block tables were uploaded before the step began: read before the wait.
   const int seq = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
@@ -87,7 +97,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   const int first_key = window > 0 ? max(0, pos - window + 1) : 0;
   const int chunks = (pos - first_key) / kDecodeKeys + 1;
   // As many splits as give each warp at most one chunk, within the launch's.
-  const int active = min(splits, (chunks + kDecodeWarps - 1) / kDecodeWarps);
+  const int active = min(splits, (chunks + kWarps - 1) / kWarps);
   if (split >= active) return;
   const int chunk_lo = int(int64_t(chunks) * split / active), chunk_hi = int(int64_t(chunks) * (split + 1) / active);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -117,7 +127,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   uint8_t* const warp_rows = value_rows + size_t(warp) * kDecodeKeys * kRowBytes;
   const uint8_t* const values = static_cast<const uint8_t*>(cache.values);
 
-  for (int c = chunk_lo + warp; c < chunk_hi; c += kDecodeWarps) {
+  for (int c = chunk_lo + warp; c < chunk_hi; c += kWarps) {
     const int chunk_first = first_key + c * kDecodeKeys;
     const bool valid = chunk_first + lane <= pos;
     const int block = next_block;
@@ -154,7 +164,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
         score[h] = fmaf(b.w, k8[7], score[h]);
       }
     }
-    next_block = table_entry(c + kDecodeWarps);
+    next_block = table_entry(c + kWarps);
     // The heads' reductions side by side, so their shuffles overlap.
     float chunk_max[G];
 #pragma unroll
@@ -200,11 +210,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     __syncwarp();  // p_s and the value rows are rewritten by the next chunk
   }
 
-  // The warps' states into shared memory, then one state per head for the block.
+  // The warps' states into shared memory (the accumulators over the value rows, once every warp
+  // is done with them), then one state per head for the block.
 #pragma unroll
   for (int step = 16; step > 0; step /= 2)
 #pragma unroll
     for (int h = 0; h < G; ++h) lane_sum[h] += __shfl_xor_sync(0xffffffffu, lane_sum[h], step);
+  __syncthreads();
 #pragma unroll
   for (int h = 0; h < G; ++h) {
     const float total = lane_sum[h];
@@ -220,9 +232,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
     const int h = i / D, d = i % D, head = kv_head * group + h;
     float m = -INFINITY;
-    for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, max_s[w][h]);
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, max_s[w][h]);
     float sum = 0.0f, value = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w) {
+    for (int w = 0; w < kWarps; ++w) {
       if (max_s[w][h] == -INFINITY) continue;  // a warp that had no chunk
       const float f = expf(max_s[w][h] - m);
       sum += sum_s[w][h] * f;
