@@ -161,11 +161,19 @@ UpstreamResponse::UpstreamResponse(UpstreamPool& pool, int port, const UpstreamR
 }
 
 UpstreamResponse::~UpstreamResponse() {
+  if (fd_ >= 0) ::close(fd_);  // an answer not read to its end: the connection is in an unknown state
+}
+
+void UpstreamResponse::finish() {
+  finished_ = true;
   if (fd_ < 0) return;
-  if (finished_ && keep_alive_ && at_ == buffer_.size())
+  // Back to the pool now, not when this object dies: the caller hands the end of the answer to
+  // its client next, and a client that sends its next request at once must find it idle.
+  if (keep_alive_ && at_ == buffer_.size())
     pool_.give_back(port_, fd_);
   else
     ::close(fd_);
+  fd_ = -1;
 }
 
 void UpstreamResponse::fail(const std::string& why) {
@@ -264,12 +272,12 @@ bool UpstreamResponse::exchange(const std::string& message, bool* nothing_back) 
   }
   if (contains_token(header_value(headers_, "Connection"), "close")) keep_alive_ = false;
   if (status_ == 204 || status_ == 304) {
-    finished_ = true;
+    finish();
   } else if (contains_token(header_value(headers_, "Transfer-Encoding"), "chunked")) {
     chunked_ = true;
   } else if (const std::string length = header_value(headers_, "Content-Length"); !length.empty()) {
     left_ = size_t(std::strtoull(length.c_str(), nullptr, 10));
-    finished_ = left_ == 0;
+    if (left_ == 0) finish();
   } else {
     until_close_ = true;
     keep_alive_ = false;
@@ -298,14 +306,14 @@ bool UpstreamResponse::read(std::string& piece) {
         do {  // trailers, up to the empty line that ends the body
           if (!read_line(line)) return fail_body();
         } while (!line.empty());
-        finished_ = true;
+        finish();
         return false;
       }
     }
   }
   if (at_ == buffer_.size() && !fill()) {
     if (until_close_ && eof_) {
-      finished_ = true;
+      finish();  // keep_alive_ is false: closes
       return false;
     }
     return fail_body();
@@ -318,7 +326,7 @@ bool UpstreamResponse::read(std::string& piece) {
     left_ -= take;
     if (left_ == 0) {
       if (chunked_) crlf_pending_ = true;
-      else finished_ = true;
+      else finish();
     }
   }
   return true;

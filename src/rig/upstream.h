@@ -59,7 +59,7 @@ class UpstreamResponse {
   // turns out dead before any answer) and reads the status line and headers. On failure,
   // status() is 0 and error() says why.
   UpstreamResponse(UpstreamPool& pool, int port, const UpstreamRequest& request);
-  ~UpstreamResponse();  // the connection goes back to the pool if the body was read to its end
+  ~UpstreamResponse();  // closes a connection whose body was not read to its end
   UpstreamResponse(const UpstreamResponse&) = delete;
   UpstreamResponse& operator=(const UpstreamResponse&) = delete;
 
@@ -82,6 +82,7 @@ class UpstreamResponse {
   bool fill();  // more bytes into buffer_; false at EOF (eof_) or on an error
   bool read_line(std::string& line);
   void fail(const std::string& why);  // keeps the first reason; closes the connection
+  void finish();  // the body's end: the connection goes back to the pool if it can be reused
   bool fail_body();
 
   UpstreamPool& pool_;
