@@ -26,11 +26,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__CUDACC__)
-#define ANVIL_HOST_DEVICE __host__ __device__
-#else
-#define ANVIL_HOST_DEVICE
-#endif
+#include "backend/host_device.h"
 
 namespace anvil {
 

@@ -104,6 +104,13 @@ const uint8_t* DeviceWeights::u8(const std::string& name, const std::vector<int6
   return target;
 }
 
+const uint8_t* DeviceWeights::mxfp4_codes(const std::string& name, const std::vector<int64_t>& shape) {
+  auto* codes = const_cast<uint8_t*>(u8(name, shape));  // allocated here, so ours to rewrite
+  cuda::mxfp4_pack_codes(codes, size_t(numel_of(shape)), nullptr);
+  cuda::synchronize();
+  return codes;
+}
+
 const float* DeviceWeights::f32(const std::string& name, const std::vector<int64_t>& shape) {
   return upload(load_f32(source_, name, shape));
 }

@@ -24,8 +24,10 @@ class DeviceWeights {
   explicit DeviceWeights(WeightSource& source) : source_(source) {}
   // A bf16 matrix; F32/F16 checkpoints are converted on the host a row block at a time.
   const uint16_t* bf16(const std::string& name, const std::vector<int64_t>& shape);
-  // Raw bytes (MXFP4 blocks and scales).
+  // Raw bytes (MXFP4 scales).
   const uint8_t* u8(const std::string& name, const std::vector<int64_t>& shape);
+  // MXFP4 code blocks, rewritten into the device layout the MoE kernels read (mxfp4_pack_codes).
+  const uint8_t* mxfp4_codes(const std::string& name, const std::vector<int64_t>& shape);
   // Small float tensors (norms, biases, sinks), through load_f32.
   const float* f32(const std::string& name, const std::vector<int64_t>& shape);
   const float* upload(const std::vector<float>& host);

@@ -358,10 +358,10 @@ class GptOss : public Model {
       layer.router_bias = w.f32(p + ".mlp.router.bias", {experts});
       cuda::MoeMxfp4Weights& e = layer.experts;
       const std::string m = p + ".mlp.experts.";
-      e.gate_up_blocks = w.u8(m + "gate_up_proj_blocks", {experts, 2 * width, hidden / 32, 16});
+      e.gate_up_blocks = w.mxfp4_codes(m + "gate_up_proj_blocks", {experts, 2 * width, hidden / 32, 16});
       e.gate_up_scales = w.u8(m + "gate_up_proj_scales", {experts, 2 * width, hidden / 32});
       e.gate_up_bias = w.f32(m + "gate_up_proj_bias", {experts, 2 * width});
-      e.down_blocks = w.u8(m + "down_proj_blocks", {experts, hidden, width / 32, 16});
+      e.down_blocks = w.mxfp4_codes(m + "down_proj_blocks", {experts, hidden, width / 32, 16});
       e.down_scales = w.u8(m + "down_proj_scales", {experts, hidden, width / 32});
       e.down_bias = w.f32(m + "down_proj_bias", {experts, hidden});
       e.num_experts = experts;

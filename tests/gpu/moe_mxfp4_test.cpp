@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/mxfp4_layout.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/runtime.h"
 #include "backend/linear.h"
@@ -78,10 +79,13 @@ struct Experts {
     };
     fill(gu_blocks, gu_scales, gu_bias, 2 * s.intermediate, s.hidden);
     fill(down_blocks, down_scales, down_bias, s.hidden, s.intermediate);
+    // The host copies stay in checkpoint order for the reference; the device ones are packed.
     d_gu_blocks = to_device(gu_blocks);
+    cuda::mxfp4_pack_codes(d_gu_blocks.get<uint8_t>(), gu_blocks.size(), nullptr);
     d_gu_scales = to_device(gu_scales);
     d_gu_bias = to_device(gu_bias);
     d_down_blocks = to_device(down_blocks);
+    cuda::mxfp4_pack_codes(d_down_blocks.get<uint8_t>(), down_blocks.size(), nullptr);
     d_down_scales = to_device(down_scales);
     d_down_bias = to_device(down_bias);
   }
@@ -279,6 +283,26 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
                 static_cast<long long>(s.intermediate), s.k, static_cast<long long>(m), seconds * 1e6, active.size(),
                 bytes / seconds * 1e-9, flops / seconds * 1e-12);
   }
+}
+
+// The device layout is a bit permutation of each word: every checkpoint bit lands on its own
+// place and comes back, and every word's pairs decode as the checkpoint's nibbles say.
+TEST(CudaMoe, PackedCodesAreAPermutationOfEachWord) {
+  int seen = 0;
+  for (int bit = 0; bit < 32; ++bit) seen |= 1 << cuda::mxfp4::packed_position(bit);
+  EXPECT_EQ(uint32_t(seen), 0xffffffffu);
+  Rng rng(3);
+  std::vector<uint32_t> words(1 << 16);
+  for (auto& w : words) w = uint32_t(rng.next());
+  words[0] = 0;
+  words[1] = 0xffffffffu;
+  for (uint32_t w : words) ASSERT_EQ(cuda::mxfp4::unpack_codes_word(cuda::mxfp4::pack_codes_word(w)), w);
+  ANVIL_REQUIRE_GPU();
+  auto d_words = to_device(words);
+  cuda::mxfp4_pack_codes(d_words.get<uint8_t>(), words.size() * 4, nullptr);
+  cuda::synchronize();
+  const auto packed = to_host<uint32_t>(d_words, words.size());
+  for (size_t i = 0; i < words.size(); ++i) ASSERT_EQ(packed[i], cuda::mxfp4::pack_codes_word(words[i])) << i;
 }
 
 TEST(CudaMoe, TopkTiesGoToTheLowerIndex) {

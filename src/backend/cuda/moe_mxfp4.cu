@@ -208,18 +208,25 @@ __global__ void __launch_bounds__(1024)
                        const float* __restrict__ route_weights, int k, int num_experts, int hidden,
                        float* __restrict__ residual, const float* __restrict__ norm_weight, float eps,
                        uint16_t* __restrict__ norm_out) {
-  wait_for_predecessor();
-  release_dependents();
+  // Only y comes from the predecessor (down). The ids and route weights (the top-k, four kernels
+  // back) and the residual (the attention's output projection) are older: they are read before
+  // the wait, through L2 (ld.cg), since this SM's L1 may hold the previous layer's ids. (The
+  // release still comes after the wait, so no more than two grids are ever in flight.)
   __shared__ float weight[32];  // k <= 32 is checked by the launcher; invalid ids weigh 0
   __shared__ float warp_sums[32];
   const int64_t row = blockIdx.x;
   if (threadIdx.x < k) {
-    const int e = ids[row * k + threadIdx.x];
-    weight[threadIdx.x] = e >= 0 && e < num_experts ? route_weights[row * k + threadIdx.x] : 0.0f;
+    const int e = __ldcg(ids + row * k + threadIdx.x);
+    weight[threadIdx.x] = e >= 0 && e < num_experts ? __ldcg(route_weights + row * k + threadIdx.x) : 0.0f;
   }
+  const int first = threadIdx.x * 4;
+  const float4 first_residual = first < hidden ? __ldcg(reinterpret_cast<const float4*>(residual + row * hidden + first))
+                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  wait_for_predecessor();
+  release_dependents();
   __syncthreads();
   float squares = 0.0f;
-  for (int i = threadIdx.x * 4; i < hidden; i += blockDim.x * 4) {
+  for (int i = first; i < hidden; i += blockDim.x * 4) {
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int j = 0; j < k; ++j) {
       const float w = weight[j];
@@ -231,7 +238,7 @@ __global__ void __launch_bounds__(1024)
       acc.w += w * v.w;
     }
     float4* dst = reinterpret_cast<float4*>(residual + row * hidden + i);
-    float4 value = *dst;
+    float4 value = i == first ? first_residual : *dst;
     value.x += acc.x;
     value.y += acc.y;
     value.z += acc.z;
@@ -257,6 +264,13 @@ __global__ void __launch_bounds__(1024)
     out[2] = mxfp4::to_bf16_bits(value.z * inv * w.z);
     out[3] = mxfp4::to_bf16_bits(value.w * inv * w.w);
   }
+}
+
+// ---- the device layout of the codes ----
+
+__global__ void mxfp4_pack_codes_kernel(uint32_t* __restrict__ words, int64_t count) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    words[i] = mxfp4::pack_codes_word(words[i]);
 }
 
 // ---- workspace ----
@@ -375,6 +389,16 @@ void launch_gemm(const ExpertProduct& p, const Routing& r, int64_t max_tiles, cu
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 }  // namespace
+
+void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  if (bytes % 4 != 0 || reinterpret_cast<uintptr_t>(codes) % 4 != 0)
+    invalid("mxfp4_pack_codes: codes must be whole, 4-byte aligned 32-bit words");
+  const int64_t count = int64_t(bytes / 4);
+  const unsigned blocks = unsigned(std::min<int64_t>(ceil_div(count, 256), 8 * 1024));
+  mxfp4_pack_codes_kernel<<<blocks, 256, 0, as_stream(stream)>>>(reinterpret_cast<uint32_t*>(codes), count);
+  ANVIL_CUDA_LAUNCHED();
+}
 
 void moe_topk_softmax(const float* logits, int64_t m, int64_t num_experts, int k, int32_t* ids, float* weights,
                       Stream stream) {

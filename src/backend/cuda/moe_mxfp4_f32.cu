@@ -24,13 +24,12 @@ __device__ float mxfp4_row_dot(const float* lut, const uint8_t* blocks, const ui
   const int lane = threadIdx.x % 32;
   float sum = 0.0f;
   for (int64_t b = lane; b < in / 32; b += 32) {
-    const uint8_t* codes = blocks + b * 16;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(blocks + b * 16);
     const float* xb = x + b * 32;
     float block = 0.0f;
-    for (int i = 0; i < 16; ++i) {
-      const uint32_t byte = codes[i];
-      block = fmaf(lut[byte & 15u], xb[2 * i], block);
-      block = fmaf(lut[byte >> 4], xb[2 * i + 1], block);
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t word = mxfp4::unpack_codes_word(words[i]);  // device layout -> nibble i = code i
+      for (int j = 0; j < 8; ++j) block = fmaf(lut[(word >> (4 * j)) & 15u], xb[8 * i + j], block);
     }
     // A power of two: the product is exact unless it leaves float32's range.
     sum = fmaf(block, ldexpf(1.0f, int(scales[b]) - 127), sum);

@@ -1,26 +1,33 @@
 #pragma once
 // MXFP4 decoding in registers and the shared pieces of the MoE kernels.
 //
-// Decoding: a 32-bit word holds 8 E2M1 codes, code i in nibble i (low nibble = even element). One
-// shift and two masks turn nibbles (i, i+4) into a bf16 pair whose exponent field is the code's
-// 2 exponent bits and whose top mantissa bit is the code's mantissa bit: that is exactly
-// value · 2^-126 for every code, including the subnormal ±0.5 (which becomes a bf16 subnormal;
-// bf16 multiplies keep subnormals, checked on an H200 by the random-code tests). A bf16 multiply
-// by 2^(scale-1) then gives value · 2^(scale-127), exact, as the CPU decoder computes it in
-// float32 (scales above 128 take two multiplies, see scale_multiplier). Because a word yields
-// the pairs (0,4), (1,5), (2,6), (3,7) rather than (0,1), ..., the kernels assign k to mma lanes
-// so that the activation side is read in that same order (see the permutations below).
+// Decoding: a 32-bit word holds 8 E2M1 codes. Pair p of a word is codes (p, p+4), decoded to a
+// bf16 pair whose exponent field is the code's 2 exponent bits and whose top mantissa bit is the
+// code's mantissa bit: that is exactly value · 2^-126 for every code, including the subnormal
+// ±0.5 (which becomes a bf16 subnormal; bf16 multiplies keep subnormals, checked on an H200 by
+// the random-code tests). A bf16 multiply by 2^(scale-1) then gives value · 2^(scale-127), exact,
+// as the CPU decoder computes it in float32 (scales above 128 take two multiplies, see
+// scale_multiplier). Because a word yields the pairs (0,4), (1,5), (2,6), (3,7) rather than
+// (0,1), ..., the kernels assign k to mma lanes so that the activation side is read in that same
+// order (see the permutations below). The codes are in the device layout (mxfp4_layout.h).
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
+#include "backend/cuda/mxfp4_layout.h"
+
 namespace anvil::cuda::mxfp4 {
 
-// Nibbles (pair, pair + 4) of `word` as bf16 bits of code · 2^-126. `pair` is a constant after
-// unrolling in every caller.
+__device__ __forceinline__ uint32_t rotate_left(uint32_t word, int bits) {
+  return bits == 0 ? word : __funnelshift_l(word, word, bits);
+}
+
+// Pair `pair` (codes pair, pair + 4) of a device-layout word as bf16 bits of code · 2^-126.
+// `pair` is a constant after unrolling in every caller; the rotations of a word are shared by
+// its pairs.
 __device__ __forceinline__ uint32_t fp4_pair_raw(uint32_t word, int pair) {
-  const uint32_t t = word << (12 - 4 * pair);
-  return (t & 0x80008000u) | ((t & 0x70007000u) >> 6);
+  return (rotate_left(word, magnitude_rotation(pair)) & kPairMagnitudeBits) |
+         (rotate_left(word, sign_rotation(pair)) & kPairSignBits);
 }
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {

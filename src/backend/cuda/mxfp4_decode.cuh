@@ -47,13 +47,22 @@ constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 4 * ANVIL_DECODE_MINB1;
 template <int kTokenTiles, int kSplitK, bool kGateUp>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVIL_DECODE_MINB1)
     moe_decode_kernel(ExpertProduct p, Routing r) {
-  wait_for_predecessor();
-  release_dependents();
+  // gate_up needs the routing its predecessor just wrote. down needs from its predecessor
+  // (gate_up) only the activations: the routing is older (gate_up passed its own wait on the
+  // routing before it released this grid), so down's weights and scales start streaming while
+  // gate_up is still finishing, and the wait comes just before the first activation load. The
+  // routing is read through L2 there (ld.cg): this SM's L1 may still hold the previous layer's.
+  // The release follows the wait in both, so no more than two grids are ever in flight.
+  if constexpr (kGateUp) {
+    wait_for_predecessor();
+    release_dependents();
+  }
   static_assert(kDecodeWarps % kSplitK == 0, "k split within a block");
   using namespace gemm;
   using namespace mxfp4;
+  auto routing = [](const int32_t* at) { return kGateUp ? *at : __ldcg(at); };
   // The routing writes -1 past the active experts: one dependent load before the weights stream.
-  const int expert = r.active[blockIdx.y];
+  const int expert = routing(r.active + blockIdx.y);
   if (expert < 0) return;  // whole block: no barrier is skipped
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -76,6 +85,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   const uint8_t* const sa = warp_scales + g * blocks_per_row + t;
   const uint8_t* const sb = warp_scales + (g + 8) * blocks_per_row + t;
 
+  // Scales above 128 need a second multiply per pair (scale_multiplier). Real checkpoints have
+  // none, so one vote over the warp's whole table, rather than one per chunk, picks the path.
+  bool warp_big = false;
   // ring[warp][stage][row a / row b][lane]: 16 bytes each.
   __shared__ uint4 ring[kDecodeWarps][kDecodeStages][2][32];
   __shared__ float4 partial[kSplitK > 1 ? kDecodeWarps : 1][kTokenTiles][32];
@@ -144,16 +156,60 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     cp_async_wait<kDecodeStages - 1>();
     const int stage = i % kDecodeStages;
     const uint4 wa4 = ring[warp][stage][0][lane], wb4 = ring[warp][stage][1][lane];
-    // Scales above 128 need the second multiply; the vote keeps the branch warp-uniform.
-    if (__any_sync(0xffffffffu, sc.a > 128 || sc.b > 128))
+    if (warp_big)
       multiply(wa4, wb4, sc, xs, std::true_type{});
     else
       multiply(wa4, wb4, sc, xs, std::false_type{});
   };
 
+  // The warp's 16 scale rows are copied to shared memory once, before the first pass.
+  auto stage_scales = [&] {
+    // They are contiguous: rows row0..row0+15 of the expert (N % 16 == 0, so a tile is all in or
+    // all out; a tile past N copies the last one, never stored). They start at a multiple of
+    // 16 * K/32 bytes, so 16-byte loads work when the table is 16-aligned.
+    const int src_row0 = min(row0, p.n - 16);
+    const uint8_t* src = p.scales + (int64_t(expert) * p.n + src_row0) * blocks_per_row;
+    const int bytes = 16 * blocks_per_row;
+    constexpr int kBatch = 4;  // loads issued before their stores
+    bool big = false;  // zero-filled loads past the table are 0, never big
+    if ((reinterpret_cast<uintptr_t>(p.scales) & 15u) == 0) {
+      const uint4* src4 = reinterpret_cast<const uint4*>(src);
+      uint4* dst4 = reinterpret_cast<uint4*>(warp_scales);
+      for (int base = 0; base < bytes / 16; base += 32 * kBatch) {
+        uint4 v[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) v[j] = load_cached_16(src4 + base + j * 32 + lane, base + j * 32 + lane < bytes / 16);
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          if (base + j * 32 + lane < bytes / 16) dst4[base + j * 32 + lane] = v[j];
+          big |= (__vcmpgtu4(v[j].x, 0x80808080u) | __vcmpgtu4(v[j].y, 0x80808080u) |
+                  __vcmpgtu4(v[j].z, 0x80808080u) | __vcmpgtu4(v[j].w, 0x80808080u)) != 0;
+        }
+      }
+    } else {
+      for (int base = 0; base < bytes; base += 32 * kBatch) {
+        uint32_t v[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) v[j] = load_cached_u8(src + base + j * 32 + lane, base + j * 32 + lane < bytes);
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          if (base + j * 32 + lane < bytes) warp_scales[base + j * 32 + lane] = uint8_t(v[j]);
+          big |= v[j] > 128u;
+        }
+      }
+    }
+    __syncwarp();
+    warp_big = __any_sync(0xffffffffu, big);
+  };
+
   // The first pass's weights start streaming before the token list is read.
   for (int j = 0; j < kDecodeStages - 1; ++j) issue_weights(j);
-  const int begin = r.offsets[expert], count = r.offsets[expert + 1] - begin;
+  const int begin = routing(r.offsets + expert), count = routing(r.offsets + expert + 1) - begin;
+  stage_scales();
+  if constexpr (!kGateUp) {
+    wait_for_predecessor();
+    release_dependents();
+  }
   for (int tok0 = 0; tok0 < count; tok0 += 8 * kTokenTiles) {
 #pragma unroll
     for (int n = 0; n < kTokenTiles; ++n) {
@@ -166,37 +222,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
 
     if (tok0 > 0)
       for (int j = 0; j < kDecodeStages - 1; ++j) issue_weights(j);
-    if (tok0 == 0) {
-      // The warp's 16 scale rows are contiguous: rows row0..row0+15 of the expert (N % 16 == 0, so
-      // a tile is all in or all out; a tile past N copies the last one, never stored). They start
-      // at a multiple of 16 * K/32 bytes, so 16-byte loads work when the table is 16-aligned.
-      const int src_row0 = min(row0, p.n - 16);
-      const uint8_t* src = p.scales + (int64_t(expert) * p.n + src_row0) * blocks_per_row;
-      const int bytes = 16 * blocks_per_row;
-      constexpr int kBatch = 4;  // loads issued before their stores
-      if ((reinterpret_cast<uintptr_t>(p.scales) & 15u) == 0) {
-        const uint4* src4 = reinterpret_cast<const uint4*>(src);
-        uint4* dst4 = reinterpret_cast<uint4*>(warp_scales);
-        for (int base = 0; base < bytes / 16; base += 32 * kBatch) {
-          uint4 v[kBatch];
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j) v[j] = load_cached_16(src4 + base + j * 32 + lane, base + j * 32 + lane < bytes / 16);
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j)
-            if (base + j * 32 + lane < bytes / 16) dst4[base + j * 32 + lane] = v[j];
-        }
-      } else {
-        for (int base = 0; base < bytes; base += 32 * kBatch) {
-          uint32_t v[kBatch];
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j) v[j] = load_cached_u8(src + base + j * 32 + lane, base + j * 32 + lane < bytes);
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j)
-            if (base + j * 32 + lane < bytes) warp_scales[base + j * 32 + lane] = uint8_t(v[j]);
-        }
-      }
-      __syncwarp();
-    }
     if constexpr (kDecodePrefetchX<kTokenTiles>) {
       // Two chunks per iteration, so the token double buffer's index is a constant.
       Scales sc[2];

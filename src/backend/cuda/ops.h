@@ -32,8 +32,13 @@ void linear_f32_input(const uint16_t* weight, const float* bias, const float* x,
 
 // ---- MXFP4 mixture of experts (moe_mxfp4.cu) ----
 
-// gpt-oss experts: gate_up rows interleave gate (even) and up (odd). Blocks hold E2M1 codes, low
-// nibble first; scales are E8M0 per 32 inputs.
+// Rewrites MXFP4 code blocks (E2M1, low nibble first, as checkpoints store them) in place into
+// the device layout the MoE kernels read: each 32-bit word's bits permuted so that a pair of codes
+// decodes in fewer instructions (mxfp4_common.cuh). bytes must be a multiple of 4.
+void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream);
+
+// gpt-oss experts: gate_up rows interleave gate (even) and up (odd). Blocks hold E2M1 codes in
+// the device layout (mxfp4_pack_codes); scales are E8M0 per 32 inputs.
 struct MoeMxfp4Weights {
   const uint8_t* gate_up_blocks = nullptr;  // [E, 2I, H/32, 16]
   const uint8_t* gate_up_scales = nullptr;  // [E, 2I, H/32]
