@@ -8,6 +8,10 @@
 #                                                 elsewhere; dir/lib holds their shared libraries)
 # ANVIL_FIXTURES_DIR points at a copy of shared/fixtures (../shared/fixtures by default).
 # ANVIL_BENCH_MODELS lists the configs to benchmark (default: gpt-oss-20b gpt-oss-120b).
+# ANVIL_BASE=path/to/an/earlier/anvil adds an A/B: per model, that binary and this one alternate
+# twice at batches 1 and 64, so a change is judged against its base under the same clocks and
+# in the same lease (runs differ by a few percent from lease to lease). scripts/gpu_carry.sh
+# packs binaries built elsewhere (and a base) for the lent machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/anvil-gpu-check}
@@ -37,15 +41,23 @@ timeout "${ANVIL_TEST_TIMEOUT:-300}" "${RUN[@]}" "$TESTS" 2>&1 | tee "$OUT/gpu_t
 tests_status=${PIPESTATUS[0]}
 
 RESULTS=()
-bench() {  # bench NAME MODEL [extra bench-gpu flags...]
+bench() {  # bench NAME MODEL [extra bench-gpu flags...]; BENCH_BINARY overrides $BIN/anvil
   local name=$1 model=$2
   shift 2
-  timeout "${ANVIL_BENCH_TIMEOUT:-240}" "${RUN[@]}" "$BIN/anvil" bench-gpu --model "configs/$model" --load-format dummy \
-    --device cuda "$@" >"$OUT/bench-$name.json" 2>"$OUT/bench-$name.err" ||
+  timeout "${ANVIL_BENCH_TIMEOUT:-240}" "${RUN[@]}" "${BENCH_BINARY:-$BIN/anvil}" bench-gpu --model "configs/$model" \
+    --load-format dummy --device cuda "$@" >"$OUT/bench-$name.json" 2>"$OUT/bench-$name.err" ||
     { echo "bench-gpu $name failed:"; tail -5 "$OUT/bench-$name.err"; }
   RESULTS+=("$name")
 }
 for model in $MODELS; do bench "$model" "$model" --profile; done
+if [ -n "${ANVIL_BASE:-}" ]; then
+  for model in $MODELS; do
+    for round in 1 2; do
+      BENCH_BINARY=$ANVIL_BASE bench "$model-base-$round" "$model" --batches 1,64
+      bench "$model-new-$round" "$model" --batches 1,64
+    done
+  done
+fi
 # The first model again kernel by kernel: what the decode graphs are worth.
 if [ -z "${ANVIL_SKIP_EAGER:-}" ]; then
   first=${MODELS%% *}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Packs binaries built here, their non-glibc shared libraries and the GPU fixtures into one
+# tarball, .gpu-pack/carry.tgz, for the lent GPU machine (whose working-tree copy is capped at
+# 64 MiB, and which has no ../shared). On the GPU machine:
+#
+#   tar -xzf .gpu-pack/carry.tgz && ANVIL_PREBUILT=.gpu-carry \
+#     ANVIL_FIXTURES_DIR=$PWD/.gpu-carry/fixtures bash scripts/gpu_check.sh
+#
+# Usage: bash scripts/gpu_carry.sh BUILD_DIR [BASE_ANVIL]
+#   BUILD_DIR   a CUDA build with the anvil and anvil_gpu_tests targets built
+#   BASE_ANVIL  optional: an earlier anvil binary, carried as anvil-base, for gpu_check.sh's
+#               A/B mode (ANVIL_BASE=.gpu-carry/anvil-base): both benchmarked in one lease
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:?usage: gpu_carry.sh BUILD_DIR [BASE_ANVIL]}
+base=${2:-}
+fixtures=${ANVIL_FIXTURES_DIR:-$(cd .. && pwd)/shared/fixtures}
+for f in "$build/anvil" "$build/tests/anvil_gpu_tests" ${base:+"$base"}; do
+  [ -x "$f" ] || { echo "gpu_carry.sh: $f: no such executable" >&2; exit 1; }
+done
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+carry=$stage/.gpu-carry
+mkdir -p "$carry/lib" "$carry/fixtures/o200k_harmony"
+cp "$build/anvil" "$build/tests/anvil_gpu_tests" "$carry/"
+[ -n "$base" ] && cp "$base" "$carry/anvil-base"
+for bin in "$carry"/anvil*; do
+  # glibc and the driver come from the GPU machine; everything else travels.
+  ldd "$bin" | awk '/=> \// {print $3}' |
+    grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libgcc_s|libcuda)\.so' |
+    while read -r lib; do cp -L "$lib" "$carry/lib/"; done
+done
+strip "$carry"/anvil* 2>/dev/null || true
+for model in gpt-oss-tiny qwen3-tiny qwen3moe-tiny; do cp -r "$fixtures/$model" "$carry/fixtures/"; done
+cp "$fixtures/o200k_harmony/tokenizer.json.gz" "$carry/fixtures/o200k_harmony/"
+mkdir -p .gpu-pack
+tar -czf .gpu-pack/carry.tgz -C "$stage" .gpu-carry
+echo "gpu_carry.sh: .gpu-pack/carry.tgz $(du -h .gpu-pack/carry.tgz | cut -f1) (carry [\".gpu-pack\"])"
