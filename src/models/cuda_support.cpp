@@ -91,6 +91,10 @@ const uint16_t* DeviceWeights::stacked_bf16(const std::vector<std::string>& name
 }
 
 const uint8_t* DeviceWeights::u8(const std::string& name, const std::vector<int64_t>& shape) {
+  return upload_u8(name, shape);
+}
+
+uint8_t* DeviceWeights::upload_u8(const std::string& name, const std::vector<int64_t>& shape) {
   const int64_t n = numel_of(shape);
   auto* target = static_cast<uint8_t*>(allocate(size_t(n)));
   if (auto recipe = source_.dummy_recipe(name, shape, DType::U8)) {
@@ -105,7 +109,7 @@ const uint8_t* DeviceWeights::u8(const std::string& name, const std::vector<int6
 }
 
 const uint8_t* DeviceWeights::mxfp4_codes(const std::string& name, const std::vector<int64_t>& shape) {
-  auto* codes = const_cast<uint8_t*>(u8(name, shape));  // allocated here, so ours to rewrite
+  uint8_t* codes = upload_u8(name, shape);
   cuda::mxfp4_pack_codes(codes, size_t(numel_of(shape)), nullptr);
   cuda::synchronize();
   return codes;

@@ -37,6 +37,7 @@ class DeviceWeights {
 
  private:
   void* allocate(size_t bytes);
+  uint8_t* upload_u8(const std::string& name, const std::vector<int64_t>& shape);
   void fill_bf16(uint16_t* target, const std::string& name, const std::vector<int64_t>& shape);
   WeightSource& source_;
   std::vector<cuda::DeviceBuffer> buffers_;
