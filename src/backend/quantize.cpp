@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/e4m3.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -84,21 +85,7 @@ uint8_t f32_to_e2m1(float x) {
   return uint8_t(sign | code);
 }
 
-uint8_t f32_to_e4m3(float x) {
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
-  const float a = std::fabs(x);
-  if (a >= 448.0f) return uint8_t(sign | 0x7e);
-  if (a == 0.0f) return sign;
-  const int e = std::ilogb(a);
-  if (e < -6) {
-    // Subnormal: units of 2^-9, and 8 units is the smallest normal, code 0x08: the code is the count.
-    return uint8_t(sign | int(std::nearbyint(std::ldexp(a, 9))));
-  }
-  // 8 + mantissa in units of 2^(e - 3); 16 carries into the next exponent, which the sum does too.
-  const int q = int(std::nearbyint(std::ldexp(a, 3 - e)));
-  const int code = std::min(((e + 7) << 3) + (q - 8), 0x7e);
-  return uint8_t(sign | code);
-}
+uint8_t f32_to_e4m3(float x) { return e4m3_nearest(x); }
 
 uint8_t mxfp4_shared_scale(float amax) {
   if (amax == 0.0f) return 0;

@@ -125,8 +125,9 @@ void ModelLoadFlags::add_numerics_to(CLI::App& verb) {
                   "so in gpt-oss) or nvfp4 (E2M1 + E4M3 per 16 + a per-tensor scale; gpt-oss re-quantizes its "
                   "MXFP4 values)");
   verb.add_option("--quantize-dense", quantize_dense,
-                  "CPU: re-quantize the attention projections and dense MLPs at load: none, fp8 (E4M3, a scale "
-                  "per output row) or mxfp4. Embeddings, lm_head, routers and norms always stay as stored");
+                  "Re-quantize the attention projections and dense MLPs at load: none, fp8 (E4M3, a scale "
+                  "per output row; CPU and CUDA) or mxfp4 (CPU). Embeddings, lm_head, routers and norms always stay "
+                  "as stored");
 }
 
 Device ModelLoadFlags::resolve_device(const ModelConfig& config) const {
@@ -156,10 +157,6 @@ std::unique_ptr<Model> ModelLoadFlags::load() const {
   options.enforce_eager = enforce_eager;
   options.quantize_experts = parse_quantize_experts(quantize_experts);
   options.quantize_dense = parse_quantize_dense(quantize_dense);
-  if (options.device == Device::Cuda && (options.quantize_experts || options.quantize_dense)) {
-    fail("{}: not supported on CUDA yet (add --device cpu)",
-         options.quantize_experts ? "--quantize-experts" : "--quantize-dense");
-  }
   if (device.rfind("cuda:", 0) == 0) {
     const std::string index = device.substr(5);
     if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos)

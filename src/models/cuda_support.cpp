@@ -90,6 +90,36 @@ const uint16_t* DeviceWeights::stacked_bf16(const std::vector<std::string>& name
   return target;
 }
 
+cuda::DenseWeight DeviceWeights::dense(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
+                                       int64_t in, bool fp8) {
+  cuda::DenseWeight weight;
+  if (!fp8) {
+    weight.data = stacked_bf16(names, rows, in);
+    return weight;
+  }
+  if (in % 16 != 0) fail("{}: in_features {} is not a multiple of 16, which FP8 on CUDA needs", names[0], in);
+  int64_t total_rows = 0;
+  for (int64_t r : rows) total_rows += r;
+  cuda::DeviceBuffer staging(size_t(total_rows * in) * 2);
+  int64_t offset = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    fill_bf16(staging.get<uint16_t>() + offset * in, names[i], {rows[i], in});
+    offset += rows[i];
+  }
+  auto* codes = static_cast<uint8_t*>(allocate(size_t(total_rows * in)));
+  auto* scales = static_cast<float*>(allocate(size_t(total_rows) * sizeof(float)));
+  int64_t bad = cuda::quantize_fp8_rows(staging.get<uint16_t>(), total_rows, in, codes, scales, nullptr);
+  if (bad >= 0) {
+    size_t part = 0;
+    while (bad >= rows[part]) bad -= rows[part++];
+    fail("{}: row {} holds a non-finite weight, so the layer cannot be quantized to FP8", names[part], bad);
+  }
+  weight.format = cuda::DenseWeight::Format::FP8;
+  weight.data = codes;
+  weight.row_scales = scales;
+  return weight;
+}
+
 const uint8_t* DeviceWeights::u8(const std::string& name, const std::vector<int64_t>& shape) {
   return upload_u8(name, shape);
 }

@@ -33,6 +33,11 @@ class DeviceWeights {
   const float* upload(const std::vector<float>& host);
   // Several bf16 matrices of equal width stacked into one [sum of rows, in] (fused q/k/v).
   const uint16_t* stacked_bf16(const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t in);
+  // The same stacking as a dense layer: bf16 as stored, or with fp8 (--quantize-dense fp8)
+  // quantized to FP8 E4M3 rows on the device by the CPU quantizer's rule (the bf16 copy is only
+  // staging). Fails naming the tensor on a non-finite weight.
+  cuda::DenseWeight dense(const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t in,
+                          bool fp8);
   size_t bytes() const { return bytes_; }
 
  private:

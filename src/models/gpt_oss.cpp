@@ -28,7 +28,8 @@ struct GptOssLayer {
 struct GptOssCudaLayer {
   const float *input_norm, *post_attention_norm, *sinks;
   const float *qkv_bias, *o_bias, *router_bias;
-  const uint16_t *qkv_proj, *o_proj, *router;  // bf16 [out, in]; q, k, v stacked in one matrix
+  cuda::DenseWeight qkv_proj, o_proj;  // [out, in]; q, k, v stacked in one matrix
+  const uint16_t* router;              // bf16 [E, H]
   cuda::MoeMxfp4Weights experts;
 };
 
@@ -53,7 +54,7 @@ class GptOss : public Model {
       fail("gpt-oss hidden_size and intermediate_size must be multiples of 32");
 #if ANVIL_WITH_CUDA
     if (options.device == Device::Cuda) {
-      load_cuda();
+      load_cuda(options.quantize_dense == WeightFormat::FP8);
       cuda_->exact = options.dtype == ComputeDtype::F32;
       cuda_->runner.graphs_enabled = !options.enforce_eager;
       return;
@@ -67,7 +68,14 @@ class GptOss : public Model {
     if (device_ == Device::Cuda) {
       const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim, h = c.hidden_size;
       const int64_t i = c.intermediate_size;
-      const int64_t attention = 2 * (q * h + 2 * kv * h + h * q + c.num_experts * h);
+      // FP8 attention projections (--quantize-dense fp8): a byte per weight and a float per row.
+      bool fp8 = false;
+#if ANVIL_WITH_CUDA
+      fp8 = cuda_ && !cuda_->layers.empty() && cuda_->layers[0].o_proj.format == cuda::DenseWeight::Format::FP8;
+#endif
+      const int64_t projections = fp8 ? (q * h + 2 * kv * h + h * q) + 4 * (q + 2 * kv + h)
+                                      : 2 * (q * h + 2 * kv * h + h * q);
+      const int64_t attention = projections + 2 * c.num_experts * h;
       const int64_t expert = (2 * i * h + h * i) / 32 * 17;  // 16 bytes of codes + 1 scale per 32 weights
       return size_t(h * 2 + c.vocab_size * h * 2 + c.num_layers * (attention + c.num_experts_per_tok * expert));
     }
@@ -230,17 +238,6 @@ class GptOss : public Model {
     const size_t attention_bytes = cuda::attention_workspace_bytes(rows, c.num_heads, head_dim);
     void* attention_workspace = run.arena.get_zeroed<uint8_t>(11, int64_t(attention_bytes), stream);
 
-    // y = W·norm(x) + b, with norm(x) rounded to bf16 first unless exact.
-    auto normed_linear = [&](const float* input, const float* norm, const uint16_t* weight, const float* bias,
-                             int64_t out_features, float* y) {
-      if (exact) {
-        cuda::rms_norm_f32(input, rows, hidden, norm, eps, h_f32, stream);
-        cuda::linear_f32_input(weight, bias, h_f32, rows, out_features, hidden, y, stream);
-      } else {
-        cuda::rms_norm_to_bf16(input, rows, hidden, norm, eps, h, stream);
-        cuda::linear_bf16(weight, bias, h, rows, out_features, hidden, y, stream);
-      }
-    };
 
     cuda::embedding_bf16(g.embed_tokens, run.step.tokens, rows, hidden, x, stream);
     run.marks.record("embedding");
@@ -252,10 +249,12 @@ class GptOss : public Model {
       const int group = kv_layout_.layer_group[size_t(l)];
       const int64_t slot = kv_layout_.layer_slot[size_t(l)];
 
-      if (exact)
-        normed_linear(x, layer.input_norm, layer.qkv_proj, layer.qkv_bias, qkv_width, qkv);
-      else
-        cuda::linear_bf16(layer.qkv_proj, layer.qkv_bias, h, rows, qkv_width, hidden, qkv, stream);
+      if (exact) {
+        cuda::rms_norm_f32(x, rows, hidden, layer.input_norm, eps, h_f32, stream);
+        cuda::linear_f32_input(layer.qkv_proj, layer.qkv_bias, h_f32, rows, qkv_width, hidden, qkv, stream);
+      } else {
+        cuda::linear(layer.qkv_proj, layer.qkv_bias, h, rows, qkv_width, hidden, qkv, stream);
+      }
       run.marks.record("norm + qkv");
       cuda::AttentionShape shape;
       shape.num_heads = c.num_heads;
@@ -280,7 +279,7 @@ class GptOss : public Model {
       } else {
         cuda::paged_attention(view, shape, q, cache, attn, attention_workspace, attention_bytes, stream);
         run.marks.record(shape.sliding_window ? "attention (sliding)" : "attention (full)");
-        cuda::linear_bf16_add(layer.o_proj, layer.o_bias, attn, rows, hidden, q_width, x, stream);
+        cuda::linear_add(layer.o_proj, layer.o_bias, attn, rows, hidden, q_width, x, stream);
       }
       run.marks.record("o_proj + residual");
 
@@ -329,7 +328,8 @@ class GptOss : public Model {
     }
   }
 
-  void load_cuda() {
+  // fp8: the attention projections quantized to FP8 on the device (--quantize-dense fp8).
+  void load_cuda(bool fp8) {
     const auto& c = config_;
     cuda_ = std::make_unique<GptOssCuda>(*weights_);
     DeviceWeights& w = cuda_->weights;
@@ -344,9 +344,9 @@ class GptOss : public Model {
       layer.post_attention_norm = w.f32(p + ".post_attention_layernorm.weight", {hidden});
       layer.sinks = w.f32(p + ".self_attn.sinks", {c.num_heads});
       const std::string a = p + ".self_attn.";
-      layer.qkv_proj = w.stacked_bf16({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
-                                      {q_width, kv_width, kv_width}, hidden);
-      layer.o_proj = w.bf16(p + ".self_attn.o_proj.weight", {hidden, q_width});
+      layer.qkv_proj = w.dense({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                               {q_width, kv_width, kv_width}, hidden, fp8);
+      layer.o_proj = w.dense({a + "o_proj.weight"}, {hidden}, q_width, fp8);
       layer.router = w.bf16(p + ".mlp.router.weight", {experts, hidden});
       std::vector<float> qkv_bias = load_f32(*weights_, a + "q_proj.bias", {q_width});
       for (const char* name : {"k_proj.bias", "v_proj.bias"}) {

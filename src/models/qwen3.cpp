@@ -32,9 +32,9 @@ struct Qwen3Layer {
 #if ANVIL_WITH_CUDA
 struct Qwen3CudaLayer {
   const float *input_norm, *post_attention_norm, *q_norm, *k_norm;
-  const uint16_t *qkv_proj, *o_proj;  // q, k, v stacked in one matrix
+  cuda::DenseWeight qkv_proj, o_proj;  // q, k, v stacked in one matrix
   bool moe = false;
-  const uint16_t *gate_up = nullptr, *down = nullptr;  // dense MLP: gate rows then up rows
+  cuda::DenseWeight gate_up, down;  // dense MLP: gate rows then up rows
   const uint16_t* router = nullptr;
   cuda::MoeBf16Weights experts;
 };
@@ -59,7 +59,7 @@ class Qwen3 : public Model {
       fail("quantized Qwen3 checkpoints are not supported yet (quantization_config.quant_method)");
 #if ANVIL_WITH_CUDA
     if (options.device == Device::Cuda) {
-      load_cuda();
+      load_cuda(options.quantize_dense == WeightFormat::FP8);
       cuda_->exact = options.dtype == ComputeDtype::F32;
       cuda_->runner.graphs_enabled = !options.enforce_eager;
       return;
@@ -72,11 +72,17 @@ class Qwen3 : public Model {
     if (device_ == Device::Cuda) {
       const auto& c = config_;
       const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+      // FP8 dense layers (--quantize-dense fp8): a byte per weight and a float per row.
+      bool fp8 = false;
+#if ANVIL_WITH_CUDA
+      fp8 = cuda_ && !cuda_->layers.empty() && cuda_->layers[0].o_proj.format == cuda::DenseWeight::Format::FP8;
+#endif
+      auto dense = [&](int64_t out, int64_t in) { return fp8 ? out * in + 4 * out : 2 * out * in; };
       int64_t bytes = h * 2 + c.vocab_size * h * 2;
       for (int64_t l = 0; l < c.num_layers; ++l) {
-        bytes += 2 * (q * h + 2 * kv * h + h * q);
+        bytes += dense(q + 2 * kv, h) + dense(h, q);
         bytes += c.is_moe_layer(l) ? 2 * (c.num_experts * h + c.num_experts_per_tok * 3 * h * c.moe_intermediate_size)
-                                   : 2 * 3 * h * c.intermediate_size;
+                                   : dense(2 * c.intermediate_size, h) + dense(h, c.intermediate_size);
       }
       return size_t(bytes);
     }
@@ -258,14 +264,14 @@ class Qwen3 : public Model {
     const size_t attention_bytes = cuda::attention_workspace_bytes(rows, c.num_heads, head_dim);
     void* attention_workspace = run.arena.get_zeroed<uint8_t>(13, int64_t(attention_bytes), stream);
 
-    auto normed_linear = [&](const float* input, const float* norm, const uint16_t* weight, int64_t out_features,
-                             float* y) {
+    auto normed_linear = [&](const float* input, const float* norm, const cuda::DenseWeight& weight,
+                             int64_t out_features, float* y) {
       if (exact) {
         cuda::rms_norm_f32(input, rows, hidden, norm, eps, h_f32, stream);
         cuda::linear_f32_input(weight, nullptr, h_f32, rows, out_features, hidden, y, stream);
       } else {
         cuda::rms_norm_to_bf16(input, rows, hidden, norm, eps, h, stream);
-        cuda::linear_bf16(weight, nullptr, h, rows, out_features, hidden, y, stream);
+        cuda::linear(weight, nullptr, h, rows, out_features, hidden, y, stream);
       }
     };
 
@@ -294,7 +300,7 @@ class Qwen3 : public Model {
         cuda::linear_f32_input(layer.o_proj, nullptr, h_f32, rows, hidden, q_width, projected, stream);
       } else {
         cuda::paged_attention(view, shape, q, cache, h, attention_workspace, attention_bytes, stream);
-        cuda::linear_bf16(layer.o_proj, nullptr, h, rows, hidden, q_width, projected, stream);
+        cuda::linear(layer.o_proj, nullptr, h, rows, hidden, q_width, projected, stream);
       }
       cuda::add_inplace(x, projected, rows * hidden, stream);
       run.marks.record("attention block");
@@ -311,10 +317,11 @@ class Qwen3 : public Model {
         normed_linear(x, layer.post_attention_norm, layer.gate_up, 2 * c.intermediate_size, gate_up);
         if (exact) {
           cuda::silu_mul_f32(gate_up, rows, c.intermediate_size, h_f32, stream);
-          cuda::linear_f32_input(layer.down, nullptr, h_f32, rows, hidden, c.intermediate_size, projected, stream);
+          cuda::linear_f32_input(layer.down, nullptr, h_f32, rows, hidden, c.intermediate_size, projected,
+                                 stream);
         } else {
           cuda::silu_mul_to_bf16(gate_up, rows, c.intermediate_size, h, stream);
-          cuda::linear_bf16(layer.down, nullptr, h, rows, hidden, c.intermediate_size, projected, stream);
+          cuda::linear(layer.down, nullptr, h, rows, hidden, c.intermediate_size, projected, stream);
         }
         cuda::add_inplace(x, projected, rows * hidden, stream);
       }
@@ -342,7 +349,9 @@ class Qwen3 : public Model {
     }
   }
 
-  void load_cuda() {
+  // fp8: the attention projections and dense MLPs quantized to FP8 on the device
+  // (--quantize-dense fp8).
+  void load_cuda(bool fp8) {
     const auto& c = config_;
     cuda_ = std::make_unique<Qwen3Cuda>(*weights_);
     DeviceWeights& w = cuda_->weights;
@@ -358,9 +367,9 @@ class Qwen3 : public Model {
       layer.post_attention_norm = w.f32(p + ".post_attention_layernorm.weight", {hidden});
       layer.q_norm = w.f32(a + "q_norm.weight", {head_dim});
       layer.k_norm = w.f32(a + "k_norm.weight", {head_dim});
-      layer.qkv_proj = w.stacked_bf16({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
-                                      {q_width, kv_width, kv_width}, hidden);
-      layer.o_proj = w.bf16(a + "o_proj.weight", {hidden, q_width});
+      layer.qkv_proj = w.dense({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                               {q_width, kv_width, kv_width}, hidden, fp8);
+      layer.o_proj = w.dense({a + "o_proj.weight"}, {hidden}, q_width, fp8);
       layer.moe = c.is_moe_layer(l);
       if (layer.moe) {
         const int64_t width = c.moe_intermediate_size, experts = c.num_experts;
@@ -381,8 +390,8 @@ class Qwen3 : public Model {
         layer.experts.intermediate = width;
       } else {
         const int64_t width = c.intermediate_size;
-        layer.gate_up = w.stacked_bf16({p + ".mlp.gate_proj.weight", p + ".mlp.up_proj.weight"}, {width, width}, hidden);
-        layer.down = w.bf16(p + ".mlp.down_proj.weight", {hidden, width});
+        layer.gate_up = w.dense({p + ".mlp.gate_proj.weight", p + ".mlp.up_proj.weight"}, {width, width}, hidden, fp8);
+        layer.down = w.dense({p + ".mlp.down_proj.weight"}, {hidden}, width, fp8);
       }
     }
     cuda_->final_norm = w.f32("model.norm.weight", {hidden});

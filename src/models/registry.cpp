@@ -95,8 +95,11 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<W
   const auto found = factories.find(config.architecture);
   if (found == factories.end()) fail("architecture '{}' is not supported", config.architecture);
   if (options.device == Device::Cuda) {
-    if (options.quantize_experts || options.quantize_dense)
-      fail("--quantize-experts / --quantize-dense: not supported on CUDA yet (they apply to --device cpu)");
+    // Checked before any GPU is looked for, so the answer is the same with or without one.
+    if (options.quantize_experts)
+      fail("--quantize-experts: not supported on CUDA yet (it applies to --device cpu)");
+    if (options.quantize_dense && *options.quantize_dense != WeightFormat::FP8)
+      fail("--quantize-dense: CUDA quantizes dense layers to fp8 only (mxfp4 applies to --device cpu)");
     cuda::select_device(options.cuda_device);
   } else {
     if (options.dtype == ComputeDtype::BF16)

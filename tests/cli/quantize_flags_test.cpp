@@ -1,5 +1,5 @@
-// --quantize-experts / --quantize-dense on the command line: bad values and CUDA are refused in
-// one line naming the flag; good values load and run.
+// --quantize-experts / --quantize-dense on the command line: bad values, and the combinations CUDA
+// does not run, are refused in one line naming the flag; good values load and run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,8 +28,8 @@ TEST(CliQuantizeFlags, RefusedOnCuda) {
   const std::string generate = "generate --model " + fixture("gpt-oss-tiny") + " --prompt-ids 1,2 --max-tokens 2 ";
   expect_one_line_failure(test::run_anvil(generate + "--device cuda --quantize-experts nvfp4"),
                           {"--quantize-experts", "not supported on CUDA yet"});
-  expect_one_line_failure(test::run_anvil(generate + "--device cuda:0 --quantize-dense fp8"),
-                          {"--quantize-dense", "not supported on CUDA yet"});
+  expect_one_line_failure(test::run_anvil(generate + "--device cuda:0 --quantize-dense mxfp4"),
+                          {"--quantize-dense", "fp8 only"});
 }
 
 TEST(CliQuantizeFlags, GoodValuesRun) {

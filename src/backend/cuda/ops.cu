@@ -253,53 +253,85 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* index, int64_t
 // whole GPU (~12 us per gpt-oss layer, measured on an H200).
 constexpr int kLinearThreads = 128, kLinearRows = 4;
 
-__global__ void linear_f32_input_kernel(const uint16_t* weight, const float* bias, const float* x, int64_t m,
-                                        int64_t out_features, int64_t in_features, float* y) {
+// An FP8 E4M3 code as a float, exactly: its bf16 placement (fp8_layout.h) as float bits is the
+// value times 2^-120 (a float subnormal for the smallest codes, which the multiply keeps).
+__device__ __forceinline__ float e4m3_to_float(uint32_t code) {
+  return __uint_as_float((((code & 0x80u) << 8) | ((code & 0x7Fu) << 4)) << 16) * 0x1p120f;
+}
+
+// FP8 rows (kFp8): one 16-byte group (fp8_layout.h) per thread step, the row scale applied to the
+// sum. The launcher checks in % 16 == 0 and the alignment.
+template <bool kFp8>
+__global__ void linear_f32_input_kernel(const void* weight, const float* row_scales, const float* bias, const float* x,
+                                        int64_t m, int64_t out_features, int64_t in_features, float* y) {
   wait_for_predecessor();
   release_dependents();
   const int64_t out = blockIdx.x, row0 = int64_t(blockIdx.y) * kLinearRows;
   const int rows = int(m - row0 < kLinearRows ? m - row0 : kLinearRows);
-  const uint16_t* w = weight + out * in_features;
   float sum[kLinearRows] = {};
-  // 16-byte loads (8 weights, two float4 of each row's input) when everything is aligned: the
-  // router's 2880 inputs are then 2.8 loads per thread instead of 22 dependent scalar rounds.
-  const bool vector = in_features % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0 &&
-                      (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
-  int64_t tail = 0;
-  if (vector) {
-    for (int64_t i8 = threadIdx.x; i8 < in_features / 8; i8 += kLinearThreads) {
-      const uint4 packed = __ldg(reinterpret_cast<const uint4*>(w) + i8);
+  if constexpr (kFp8) {
+    const uint4* groups = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(weight) + out * in_features);
+    for (int64_t group = threadIdx.x; group < in_features / 16; group += kLinearThreads) {
+      const uint4 packed = __ldg(groups + group);
       const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-      float wf[8];
+      float wf[16];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        wf[2 * j] = __uint_as_float(words[j] << 16);
-        wf[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+        wf[2 * j] = e4m3_to_float(words[j] & 0xffu);
+        wf[2 * j + 8] = e4m3_to_float((words[j] >> 8) & 0xffu);
+        wf[2 * j + 1] = e4m3_to_float((words[j] >> 16) & 0xffu);
+        wf[2 * j + 9] = e4m3_to_float(words[j] >> 24);
       }
 #pragma unroll
       for (int r = 0; r < kLinearRows; ++r) {
         if (r >= rows) break;
-        const float4* xr = reinterpret_cast<const float4*>(x + (row0 + r) * in_features) + 2 * i8;
-        const float4 a = xr[0], b = xr[1];
-        float acc = sum[r];
-        acc = fmaf(a.x, wf[0], acc);
-        acc = fmaf(a.y, wf[1], acc);
-        acc = fmaf(a.z, wf[2], acc);
-        acc = fmaf(a.w, wf[3], acc);
-        acc = fmaf(b.x, wf[4], acc);
-        acc = fmaf(b.y, wf[5], acc);
-        acc = fmaf(b.z, wf[6], acc);
-        acc = fmaf(b.w, wf[7], acc);
-        sum[r] = acc;
+        const float* xr = x + (row0 + r) * in_features + group * 16;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) sum[r] = fmaf(xr[k], wf[k], sum[r]);
       }
     }
-    tail = in_features;
-  }
-  for (int64_t i = tail + threadIdx.x; i < in_features; i += kLinearThreads) {
-    const float wi = bf16_bits_to_float(w[i]);
+  } else {
+    const uint16_t* w = static_cast<const uint16_t*>(weight) + out * in_features;
+    // 16-byte loads (8 weights, two float4 of each row's input) when everything is aligned: the
+    // router's 2880 inputs are then 2.8 loads per thread instead of 22 dependent scalar rounds.
+    const bool vector = in_features % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0 &&
+                        (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
+    int64_t tail = 0;
+    if (vector) {
+      for (int64_t i8 = threadIdx.x; i8 < in_features / 8; i8 += kLinearThreads) {
+        const uint4 packed = __ldg(reinterpret_cast<const uint4*>(w) + i8);
+        const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+        float wf[8];
 #pragma unroll
-    for (int r = 0; r < kLinearRows; ++r)
-      if (r < rows) sum[r] = fmaf(x[(row0 + r) * in_features + i], wi, sum[r]);
+        for (int j = 0; j < 4; ++j) {
+          wf[2 * j] = __uint_as_float(words[j] << 16);
+          wf[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+        }
+#pragma unroll
+        for (int r = 0; r < kLinearRows; ++r) {
+          if (r >= rows) break;
+          const float4* xr = reinterpret_cast<const float4*>(x + (row0 + r) * in_features) + 2 * i8;
+          const float4 a = xr[0], b = xr[1];
+          float acc = sum[r];
+          acc = fmaf(a.x, wf[0], acc);
+          acc = fmaf(a.y, wf[1], acc);
+          acc = fmaf(a.z, wf[2], acc);
+          acc = fmaf(a.w, wf[3], acc);
+          acc = fmaf(b.x, wf[4], acc);
+          acc = fmaf(b.y, wf[5], acc);
+          acc = fmaf(b.z, wf[6], acc);
+          acc = fmaf(b.w, wf[7], acc);
+          sum[r] = acc;
+        }
+      }
+      tail = in_features;
+    }
+    for (int64_t i = tail + threadIdx.x; i < in_features; i += kLinearThreads) {
+      const float wi = bf16_bits_to_float(w[i]);
+#pragma unroll
+      for (int r = 0; r < kLinearRows; ++r)
+        if (r < rows) sum[r] = fmaf(x[(row0 + r) * in_features + i], wi, sum[r]);
+    }
   }
   __shared__ float partial[kLinearRows][kLinearThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -313,6 +345,7 @@ __global__ void linear_f32_input_kernel(const uint16_t* weight, const float* bia
   if (threadIdx.x < rows) {
     float total = 0.0f;
     for (int w2 = 0; w2 < kLinearThreads / 32; ++w2) total += partial[threadIdx.x][w2];
+    if constexpr (kFp8) total *= row_scales[out];
     y[(row0 + threadIdx.x) * out_features + out] = total + (bias ? bias[out] : 0.0f);
   }
 }
@@ -405,8 +438,23 @@ void linear_f32_input(const uint16_t* weight, const float* bias, const float* x,
                       int64_t in_features, float* y, Stream stream) {
   if (m == 0 || out_features == 0) return;
   const dim3 grid(unsigned(out_features), unsigned(ceil_div(m, kLinearRows)));
-  launch_chained(linear_f32_input_kernel, grid, kLinearThreads, 0, as_stream(stream), weight, bias, x, m, out_features,
+  launch_chained(linear_f32_input_kernel<false>, grid, kLinearThreads, 0, as_stream(stream),
+                 static_cast<const void*>(weight), static_cast<const float*>(nullptr), bias, x, m, out_features,
                  in_features, y);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void linear_f32_input(const DenseWeight& weight, const float* bias, const float* x, int64_t m, int64_t out_features,
+                      int64_t in_features, float* y, Stream stream) {
+  if (weight.format == DenseWeight::Format::BF16)
+    return linear_f32_input(static_cast<const uint16_t*>(weight.data), bias, x, m, out_features, in_features, y, stream);
+  if (in_features % 16 != 0 || reinterpret_cast<uintptr_t>(weight.data) % 16 != 0 || weight.row_scales == nullptr)
+    throw_cuda_error("linear_f32_input: FP8 weights need in_features % 16 == 0, 16-byte alignment and row scales",
+                     int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  if (m == 0 || out_features == 0) return;
+  const dim3 grid(unsigned(out_features), unsigned(ceil_div(m, kLinearRows)));
+  launch_chained(linear_f32_input_kernel<true>, grid, kLinearThreads, 0, as_stream(stream), weight.data,
+                 weight.row_scales, bias, x, m, out_features, in_features, y);
   ANVIL_CUDA_LAUNCHED();
 }
 

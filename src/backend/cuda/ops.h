@@ -11,7 +11,7 @@
 
 namespace anvil::cuda {
 
-// ---- dense layers (linear_bf16.cu) ----
+// ---- dense layers (linear_dense.cu, fp8_weights.cu) ----
 
 // y[m, out] = x[m, in] · W[out, in]ᵀ + bias[out]. W and x bf16, y and bias float32 (bias may be
 // null). Picks a matrix-vector kernel for few rows and a tensor-core GEMM for many.
@@ -24,10 +24,37 @@ void linear_bf16(const uint16_t* weight, const float* bias, const uint16_t* x, i
 void linear_bf16_add(const uint16_t* weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
                      int64_t in_features, float* y, Stream stream);
 
+// A dense weight [out, in] on the device: bf16, or FP8 E4M3 in the device layout made by
+// quantize_fp8_rows (fp8_layout.h) with one float32 scale per output row (W = code · scale).
+struct DenseWeight {
+  enum class Format { BF16, FP8 };
+  Format format = Format::BF16;
+  const void* data = nullptr;
+  const float* row_scales = nullptr;  // FP8
+};
+
+// linear_bf16 / linear_bf16_add for either format. FP8 needs in_features % 16 == 0 and 16-byte
+// aligned weight and x; its row scale multiplies the float32 product, before the bias.
+void linear(const DenseWeight& weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
+            int64_t in_features, float* y, Stream stream);
+void linear_add(const DenseWeight& weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
+                int64_t in_features, float* y, Stream stream);
+
+// Quantizes a bf16 weight [rows, in] to FP8 E4M3 per row, as the CPU's quantize_linear does
+// (scale = row amax / 448, codes nearest W / scale; the same bytes and scales), writing the codes
+// in the device layout. Waits for the result; returns the first row holding a non-finite weight
+// (its codes are then not written), or -1. in_features must be a multiple of 16.
+int64_t quantize_fp8_rows(const uint16_t* weight, int64_t rows, int64_t in_features, uint8_t* codes,
+                          float* row_scales, Stream stream);
+
 // y[m, out] = x[m, in] · W[out, in]ᵀ + bias with float32 x: for small layers whose outputs make
 // discrete choices (MoE routers), where rounding x to bf16 could flip which experts are picked.
 // One warp per output; not for large layers.
 void linear_f32_input(const uint16_t* weight, const float* bias, const float* x, int64_t m, int64_t out_features,
+                      int64_t in_features, float* y, Stream stream);
+// The same for either format (--dtype float32 with --quantize-dense fp8): FP8 codes decode to
+// float32 exactly and the row scale multiplies the sum.
+void linear_f32_input(const DenseWeight& weight, const float* bias, const float* x, int64_t m, int64_t out_features,
                       int64_t in_features, float* y, Stream stream);
 
 // ---- MXFP4 mixture of experts (moe_mxfp4.cu) ----
