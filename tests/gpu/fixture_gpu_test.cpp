@@ -42,6 +42,14 @@ Ranked rank(const float* logits, int64_t vocab) {
   return {best, logits[best] - second};
 }
 
+// Test names: the fixture and the compute mode, e.g. gpt_oss_tiny_float32.
+std::string fixture_and_dtype_name(const ::testing::TestParamInfo<std::tuple<std::string, ComputeDtype>>& info) {
+  std::string name = std::get<0>(info.param) + (std::get<1>(info.param) == ComputeDtype::F32 ? "_float32" : "_bfloat16");
+  for (auto& ch : name)
+    if (ch == '-') ch = '_';
+  return name;
+}
+
 class FixtureGpuTest : public ::testing::TestWithParam<std::tuple<std::string, ComputeDtype>> {
  protected:
   void SetUp() override {
@@ -149,24 +157,12 @@ TEST_P(FixtureGpuFp8Test, FollowsTheCpuModelQuantizedTheSameWay) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGpuFp8Test,
                          ::testing::Combine(::testing::Values("gpt-oss-tiny", "qwen3-tiny", "qwen3moe-tiny"),
                                             ::testing::Values(ComputeDtype::F32, ComputeDtype::BF16)),
-                         [](const auto& param_info) {
-                           std::string name = std::get<0>(param_info.param) +
-                                              (std::get<1>(param_info.param) == ComputeDtype::F32 ? "_float32" : "_bfloat16");
-                           for (auto& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+                         fixture_and_dtype_name);
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGpuTest,
                          ::testing::Combine(::testing::Values("gpt-oss-tiny", "qwen3-tiny", "qwen3moe-tiny"),
                                             ::testing::Values(ComputeDtype::F32, ComputeDtype::BF16)),
-                         [](const auto& param_info) {
-                           std::string name = std::get<0>(param_info.param) +
-                                              (std::get<1>(param_info.param) == ComputeDtype::F32 ? "_float32" : "_bfloat16");
-                           for (auto& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+                         fixture_and_dtype_name);
 
 }  // namespace
 }  // namespace anvil
