@@ -238,7 +238,6 @@ class GptOss : public Model {
     const size_t attention_bytes = cuda::attention_workspace_bytes(rows, c.num_heads, head_dim);
     void* attention_workspace = run.arena.get_zeroed<uint8_t>(11, int64_t(attention_bytes), stream);
 
-
     cuda::embedding_bf16(g.embed_tokens, run.step.tokens, rows, hidden, x, stream);
     run.marks.record("embedding");
     // In bf16 mode each layer's input norm (h) is made by the previous layer's MoE combine; the
