@@ -11,7 +11,7 @@ done
 wait
 for D in ${DEPTHS:-4 6 8 10 12}; do
   nvcc -gencode=arch=compute_90a,code=sm_90a $o/h$D.o $o/moe.o -o $o/h$D || { echo "link $D failed"; continue; }
-  echo "== depth $D: $(grep -A1 'gemv_bf16_kernelILi1E' $o/ptxas$D.txt | grep -o 'Used [0-9]* registers\|[0-9]* bytes spill stores' | sort -u | tr '\n' ' ')"
+  echo "== depth $D: $(grep -A1 'gemv_kernelILi1ELi8ELb0E' $o/ptxas$D.txt | grep -o 'Used [0-9]* registers\|[0-9]* bytes spill stores' | sort -u | tr '\n' ' ')"
   timeout 60 $o/h$D gemv > $o/run$D.txt 2>&1  # raw output per depth stays in /tmp/g
   grep -E "PERF|FAIL" $o/run$D.txt | cut -c6-120
 done

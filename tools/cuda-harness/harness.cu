@@ -1,4 +1,4 @@
-// Standalone check of linear_bf16.cu and moe_mxfp4.cu on a GPU machine without the project's
+// Standalone check of linear_dense.cu (bf16 weights) and moe_mxfp4.cu on a GPU machine without the project's
 // host dependencies: CPU references (double), poisoned outputs, timings. Not part of the build.
 #include <cuda_runtime.h>
 
@@ -16,7 +16,7 @@
 
 #include "backend/cuda/ops.h"
 // The dense kernels are included (not linked) so tune mode can launch their variants.
-#include "../../src/backend/cuda/linear_bf16.cu"
+#include "../../src/backend/cuda/linear_dense.cu"
 
 namespace anvil::cuda {
 void throw_cuda_error(const char* call, int status, const char* file, int line) {
@@ -413,20 +413,27 @@ static void moe_random(const Moe& ex, int64_t m, Rng& rng, int runs, int max_row
 
 // ---------------- GEMM variants ----------------
 using GemmLaunch = void (*)(const uint16_t*, const float*, const uint16_t*, int, int, int, float*, bool, cudaStream_t);
+// A bf16 launch of one tile configuration of linear_dense.cu's GEMM.
+template <int kBM, int kBN, int kWarpsM, int kWarpsN, int kStages, int kMinBlocks>
+void gemm_bf16(const uint16_t* w, const float* bias, const uint16_t* x, int m, int out, int in, float* y,
+               bool accumulate, cudaStream_t stream) {
+  cuda::launch_gemm<kBM, kBN, kWarpsM, kWarpsN, kStages, kMinBlocks>(cuda::Weights{w, nullptr, false}, bias, x, m,
+                                                                      out, in, y, accumulate, stream);
+}
 static void tune_gemm() {
   struct V {
     const char* name;
     GemmLaunch f;
   };
   const V variants[] = {
-      {"128x128 w2x4 s4 b1", cuda::launch_gemm<128, 128, 2, 4, 4, 1>},
-      {"128x128 w2x4 s4 b2", cuda::launch_gemm<128, 128, 2, 4, 4, 2>},
-      {"128x128 w2x4 s3 b2", cuda::launch_gemm<128, 128, 2, 4, 3, 2>},
-      {"128x256 w2x4 s3 b1", cuda::launch_gemm<128, 256, 2, 4, 3, 1>},
-      {"128x256 w2x4 s4 b1", cuda::launch_gemm<128, 256, 2, 4, 4, 1>},
-      {"256x128 w4x2 s4 b1", cuda::launch_gemm<256, 128, 4, 2, 4, 1>},
-      {"128x64 w2x2 s4 b2", cuda::launch_gemm<128, 64, 2, 2, 4, 2>},
-      {"64x64 w2x2 s4 b1", cuda::launch_gemm<64, 64, 2, 2, 4, 1>},
+      {"128x128 w2x4 s4 b1", gemm_bf16<128, 128, 2, 4, 4, 1>},
+      {"128x128 w2x4 s4 b2", gemm_bf16<128, 128, 2, 4, 4, 2>},
+      {"128x128 w2x4 s3 b2", gemm_bf16<128, 128, 2, 4, 3, 2>},
+      {"128x256 w2x4 s3 b1", gemm_bf16<128, 256, 2, 4, 3, 1>},
+      {"128x256 w2x4 s4 b1", gemm_bf16<128, 256, 2, 4, 4, 1>},
+      {"256x128 w4x2 s4 b1", gemm_bf16<256, 128, 4, 2, 4, 1>},
+      {"128x64 w2x2 s4 b2", gemm_bf16<128, 64, 2, 2, 4, 2>},
+      {"64x64 w2x2 s4 b1", gemm_bf16<64, 64, 2, 2, 4, 1>},
   };
   const int64_t shapes[][3] = {{2048, 5120, 2880}, {2048, 2880, 4096}, {2048, 4096, 4096}, {2048, 2880, 2880},
                                {2048, 512, 2880},  {512, 201088, 2880}, {64, 2880, 2880},  {256, 2880, 4096},
