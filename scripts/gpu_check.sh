@@ -52,6 +52,8 @@ bench() {  # bench NAME MODEL [extra bench-gpu flags...]; BENCH_BINARY overrides
 for model in $MODELS; do bench "$model" "$model" --profile; done
 # The attention projections quantized to FP8 at load (--quantize-dense fp8): half their bytes.
 for model in $MODELS; do bench "$model-fp8" "$model" --quantize-dense fp8 --batches 1,64; done
+# The experts re-quantized to NVFP4 at load (--quantize-experts nvfp4): a scale per 16 codes.
+for model in $MODELS; do bench "$model-nvfp4" "$model" --quantize-experts nvfp4 --batches 1,64; done
 if [ -n "${ANVIL_BASE:-}" ]; then
   for model in $MODELS; do
     for round in 1 2; do

@@ -1,6 +1,7 @@
 #pragma once
-// The nearest FP8 E4M3 code of a float: one definition for the CPU quantizer (f32_to_e4m3) and
-// the GPU's (cuda::quantize_fp8_rows), so a layer quantized on either side has the same bytes.
+// FP8 E4M3 both ways, on the host and the device. The nearest code of a float: one definition for
+// the CPU quantizers (f32_to_e4m3) and the GPU's (cuda::quantize_fp8_rows,
+// cuda::quantize_mxfp4_experts_to_nvfp4), so a layer quantized on either side has the same bytes.
 // Ties go to the even mantissa, subnormals are kept, and magnitudes from 448 up saturate to 448
 // (0x7e), so the NaN codes 0x7f / 0xff never come out. x must not be NaN.
 #include <cmath>
@@ -26,6 +27,21 @@ ANVIL_HOST_DEVICE inline uint8_t e4m3_nearest(float x) {
   const int q = int(rintf(ldexpf(a, 3 - e)));
   const int code = ((e + 7) << 3) + (q - 8);
   return uint8_t(sign | (code < 0x7e ? code : 0x7e));
+}
+
+// The value of a code, as core's fp8_e4m3_to_f32 gives it (a unit test compares all 256), for
+// device code, which cannot call that. The NaN codes 0x7f / 0xff give NaN.
+ANVIL_HOST_DEVICE inline float e4m3_value(uint8_t code) {
+  const int exponent = (code >> 3) & 0xf, mantissa = code & 0x7;
+  float magnitude;
+  if (exponent == 15 && mantissa == 7) {
+    magnitude = NAN;
+  } else if (exponent == 0) {
+    magnitude = ldexpf(float(mantissa), -9);
+  } else {
+    magnitude = ldexpf(1.0f + float(mantissa) / 8.0f, exponent - 7);
+  }
+  return (code & 0x80) ? -magnitude : magnitude;
 }
 
 }  // namespace anvil

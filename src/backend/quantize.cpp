@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/e2m1.h"
 #include "backend/e4m3.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -60,30 +61,7 @@ void quantize_nvfp4_row(const float* w, int64_t in, float global, uint8_t* codes
 
 }  // namespace
 
-uint8_t f32_to_e2m1(float x) {
-  const uint8_t sign = std::signbit(x) ? 8 : 0;
-  const float a = std::fabs(x);
-  // Midpoints between the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; a tie goes to the even code.
-  uint8_t code;
-  if (a <= 0.25f) {
-    code = 0;
-  } else if (a < 0.75f) {
-    code = 1;
-  } else if (a <= 1.25f) {
-    code = 2;
-  } else if (a < 1.75f) {
-    code = 3;
-  } else if (a <= 2.5f) {
-    code = 4;
-  } else if (a < 3.5f) {
-    code = 5;
-  } else if (a <= 5.0f) {
-    code = 6;
-  } else {
-    code = 7;
-  }
-  return uint8_t(sign | code);
-}
+uint8_t f32_to_e2m1(float x) { return e2m1_nearest(x); }
 
 uint8_t f32_to_e4m3(float x) { return e4m3_nearest(x); }
 

@@ -125,24 +125,47 @@ const uint8_t* DeviceWeights::u8(const std::string& name, const std::vector<int6
 }
 
 uint8_t* DeviceWeights::upload_u8(const std::string& name, const std::vector<int64_t>& shape) {
+  auto* target = static_cast<uint8_t*>(allocate(size_t(numel_of(shape))));
+  fill_u8(target, name, shape);
+  return target;
+}
+
+void DeviceWeights::fill_u8(uint8_t* target, const std::string& name, const std::vector<int64_t>& shape) {
   const int64_t n = numel_of(shape);
-  auto* target = static_cast<uint8_t*>(allocate(size_t(n)));
   if (auto recipe = source_.dummy_recipe(name, shape, DType::U8)) {
     cuda::dummy_fill(target, n, device_fill(*recipe, DType::U8), nullptr);
     source_.count_external(size_t(n));
-    return target;
+    return;
   }
   const TensorView view = source_.get(name, shape, DType::U8, {DType::U8});
   cuda::copy_to_device(target, view.data, size_t(n));
   cuda::synchronize();
-  return target;
 }
 
-const uint8_t* DeviceWeights::mxfp4_codes(const std::string& name, const std::vector<int64_t>& shape) {
-  uint8_t* codes = upload_u8(name, shape);
-  cuda::mxfp4_pack_codes(codes, size_t(numel_of(shape)), nullptr);
+DeviceWeights::Fp4Experts DeviceWeights::fp4_experts(const std::string& prefix, int64_t experts, int64_t rows,
+                                                     int64_t in, bool nvfp4) {
+  Fp4Experts result;
+  uint8_t* codes = upload_u8(prefix + "_blocks", {experts, rows, in / 32, 16});
+  result.codes = codes;
+  if (!nvfp4) {
+    result.scales = upload_u8(prefix + "_scales", {experts, rows, in / 32});
+  } else {
+    // The MXFP4 scales are only needed while the codes are re-quantized; the staging copy goes.
+    cuda::DeviceBuffer mx_scales(size_t(experts * rows * (in / 32)));
+    fill_u8(mx_scales.get<uint8_t>(), prefix + "_scales", {experts, rows, in / 32});
+    auto* scales = static_cast<uint8_t*>(allocate(size_t(experts * rows * (in / 16))));
+    auto* global = static_cast<float*>(allocate(size_t(experts) * sizeof(float)));
+    const int64_t bad = cuda::quantize_mxfp4_experts_to_nvfp4(codes, mx_scales.get<uint8_t>(), experts, rows, in,
+                                                              scales, global, nullptr);
+    if (bad >= 0)
+      fail("{}: expert {} row {} holds a non-finite weight, so the experts cannot be quantized to NVFP4", prefix,
+           bad / rows, bad % rows);
+    result.scales = scales;
+    result.global = global;
+  }
+  cuda::mxfp4_pack_codes(codes, size_t(experts * rows * in / 2), nullptr);
   cuda::synchronize();
-  return codes;
+  return result;
 }
 
 const float* DeviceWeights::f32(const std::string& name, const std::vector<int64_t>& shape) {

@@ -26,8 +26,16 @@ class DeviceWeights {
   const uint16_t* bf16(const std::string& name, const std::vector<int64_t>& shape);
   // Raw bytes (MXFP4 scales).
   const uint8_t* u8(const std::string& name, const std::vector<int64_t>& shape);
-  // MXFP4 code blocks, rewritten into the device layout the MoE kernels read (mxfp4_pack_codes).
-  const uint8_t* mxfp4_codes(const std::string& name, const std::vector<int64_t>& shape);
+  // A checkpoint's MXFP4 experts `prefix`_blocks [E, N, K/32, 16] and `prefix`_scales
+  // [E, N, K/32], with the codes rewritten into the device layout the MoE kernels read
+  // (mxfp4_pack_codes). With nvfp4 (--quantize-experts nvfp4), re-quantized on the device first,
+  // by the CPU quantizer's rule; fails naming the tensor on a non-finite weight.
+  struct Fp4Experts {
+    const uint8_t* codes = nullptr;
+    const uint8_t* scales = nullptr;
+    const float* global = nullptr;  // NVFP4: [E]
+  };
+  Fp4Experts fp4_experts(const std::string& prefix, int64_t experts, int64_t rows, int64_t in, bool nvfp4);
   // Small float tensors (norms, biases, sinks), through load_f32.
   const float* f32(const std::string& name, const std::vector<int64_t>& shape);
   const float* upload(const std::vector<float>& host);
@@ -43,6 +51,7 @@ class DeviceWeights {
  private:
   void* allocate(size_t bytes);
   uint8_t* upload_u8(const std::string& name, const std::vector<int64_t>& shape);
+  void fill_u8(uint8_t* target, const std::string& name, const std::vector<int64_t>& shape);
   void fill_bf16(uint16_t* target, const std::string& name, const std::vector<int64_t>& shape);
   WeightSource& source_;
   std::vector<cuda::DeviceBuffer> buffers_;

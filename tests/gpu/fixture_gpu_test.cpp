@@ -107,34 +107,47 @@ TEST_P(FixtureGpuTest, LogitsAndTeacherForcedGreedyMatchTheReference) {
               exact_ ? "float32" : "bfloat16", worst);
 }
 
-// --quantize-dense fp8 on the GPU: the device quantizes the dense layers to the CPU quantizer's
-// bytes (checked exactly in linear_dense_test.cpp), so the GPU model must follow the CPU model
-// loaded with the same flag. In float32 mode (exact decode, float32 activations) that is to the
+// --quantize-dense fp8 and --quantize-experts nvfp4 on the GPU: the device quantizes the dense
+// layers / the experts to the CPU quantizer's bytes (checked exactly in linear_dense_test.cpp and
+// moe_fp4_test.cpp), so the GPU model must follow the CPU model loaded with the same flag. In float32 mode (exact decode, float32 activations) that is to the
 // fixture bar, max |logit difference| <= 0.05. In the bf16 mode the GPU's bf16 roundings move
 // these tiny random models by up to a logit unit (see above), and an MoE routing flip can
 // double that anywhere, so the bar there is structural: over all logits, the GPU's RMS
 // deviation from the CPU must be under half of what the quantization itself changes (a lost
 // scale, a wrong k order or a dropped bias shows at that size or more). Both modes also require
 // the quantization to be in effect.
-class FixtureGpuFp8Test : public ::testing::TestWithParam<std::tuple<std::string, ComputeDtype>> {};
+enum class Quantized { Fp8Dense, Nvfp4Experts };
 
-TEST_P(FixtureGpuFp8Test, FollowsTheCpuModelQuantizedTheSameWay) {
+class FixtureGpuQuantizedTest : public ::testing::TestWithParam<std::tuple<std::string, ComputeDtype, Quantized>> {};
+
+std::string quantized_name(const ::testing::TestParamInfo<std::tuple<std::string, ComputeDtype, Quantized>>& info) {
+  const ::testing::TestParamInfo<std::tuple<std::string, ComputeDtype>> base(
+      std::make_tuple(std::get<0>(info.param), std::get<1>(info.param)), info.index);
+  return fixture_and_dtype_name(base) +
+         (std::get<2>(info.param) == Quantized::Fp8Dense ? "_fp8_dense" : "_nvfp4_experts");
+}
+
+TEST_P(FixtureGpuQuantizedTest, FollowsTheCpuModelQuantizedTheSameWay) {
   if (cuda::devices().empty()) GTEST_SKIP() << "no CUDA GPU: " << cuda::unavailable_reason();
   const auto dir = test::fixtures_dir() / std::get<0>(GetParam());
   const bool exact = std::get<1>(GetParam()) == ComputeDtype::F32;
-  LoadOptions fp8;
-  fp8.quantize_dense = WeightFormat::FP8;
-  auto cpu_fp8 = load_model(dir, fp8);
+  const bool fp8 = std::get<2>(GetParam()) == Quantized::Fp8Dense;
+  LoadOptions quantized;
+  if (fp8)
+    quantized.quantize_dense = WeightFormat::FP8;
+  else
+    quantized.quantize_experts = WeightFormat::NVFP4;
+  auto cpu_quantized = load_model(dir, quantized);
   auto cpu = load_model(dir);
-  fp8.device = Device::Cuda;
-  fp8.dtype = std::get<1>(GetParam());
-  auto gpu_fp8 = load_model(dir, fp8);
+  quantized.device = Device::Cuda;
+  quantized.dtype = std::get<1>(GetParam());
+  auto gpu_quantized = load_model(dir, quantized);
   const auto reference = nlohmann::json::parse(test::read_file(dir / "reference.json"));
   double deviation = 0, effect = 0, worst = 0;
   size_t count = 0;
   for (const auto& c : reference.at("cases")) {
     const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
-    const std::vector<float> got = prompt_logits(*gpu_fp8, prompt), want = prompt_logits(*cpu_fp8, prompt);
+    const std::vector<float> got = prompt_logits(*gpu_quantized, prompt), want = prompt_logits(*cpu_quantized, prompt);
     const std::vector<float> unquantized = prompt_logits(*cpu, prompt);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
@@ -146,18 +159,27 @@ TEST_P(FixtureGpuFp8Test, FollowsTheCpuModelQuantizedTheSameWay) {
     count += got.size();
   }
   const double rms_deviation = std::sqrt(deviation / double(count)), rms_effect = std::sqrt(effect / double(count));
-  std::printf("[ gpu fixture ] %s %s fp8 dense: |gpu - cpu| max %.5f RMS %.5f; the quantization's own effect RMS %.5f\n",
-              std::get<0>(GetParam()).c_str(), exact ? "float32" : "bfloat16", worst, rms_deviation, rms_effect);
+  std::printf("[ gpu fixture ] %s %s %s: |gpu - cpu| max %.5f RMS %.5f; the quantization's own effect RMS %.5f\n",
+              std::get<0>(GetParam()).c_str(), exact ? "float32" : "bfloat16", fp8 ? "fp8 dense" : "nvfp4 experts",
+              worst, rms_deviation, rms_effect);
   if (exact) {
     EXPECT_LE(worst, kLogitTolerance);
   }
   EXPECT_LT(rms_deviation, 0.5 * rms_effect);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGpuFp8Test,
+INSTANTIATE_TEST_SUITE_P(Fp8Dense, FixtureGpuQuantizedTest,
                          ::testing::Combine(::testing::Values("gpt-oss-tiny", "qwen3-tiny", "qwen3moe-tiny"),
-                                            ::testing::Values(ComputeDtype::F32, ComputeDtype::BF16)),
-                         fixture_and_dtype_name);
+                                            ::testing::Values(ComputeDtype::F32, ComputeDtype::BF16),
+                                            ::testing::Values(Quantized::Fp8Dense)),
+                         quantized_name);
+
+// Only gpt-oss's experts have FP4 kernels on CUDA.
+INSTANTIATE_TEST_SUITE_P(Nvfp4Experts, FixtureGpuQuantizedTest,
+                         ::testing::Combine(::testing::Values("gpt-oss-tiny"),
+                                            ::testing::Values(ComputeDtype::F32, ComputeDtype::BF16),
+                                            ::testing::Values(Quantized::Nvfp4Experts)),
+                         quantized_name);
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGpuTest,
                          ::testing::Combine(::testing::Values("gpt-oss-tiny", "qwen3-tiny", "qwen3moe-tiny"),

@@ -22,40 +22,18 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "support/device_vectors.h"
 
 namespace anvil {
 namespace {
 
-#define ANVIL_REQUIRE_GPU()                                                          \
-  do {                                                                               \
-    if (cuda::devices().empty()) GTEST_SKIP() << "no CUDA GPU: " << cuda::unavailable_reason(); \
-  } while (0)
-
-// splitmix64: fast enough to fill a 1 GB weight on the host.
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-1, 1).
-  float uniform() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(1 << 23); }
-};
+using test::Rng;
+using test::to_device;
 
 std::vector<uint16_t> random_bf16(size_t n, Rng& rng, float scale) {
   std::vector<uint16_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = f32_to_bf16(rng.uniform() * scale);
   return v;
-}
-
-template <typename T>
-cuda::DeviceBuffer upload(const std::vector<T>& host) {
-  cuda::DeviceBuffer buffer(host.size() * sizeof(T));
-  cuda::copy_to_device(buffer.get(), host.data(), host.size() * sizeof(T));
-  return buffer;
 }
 
 // Rows checked against the reference: all of them for small m, else the edges, the tile
@@ -112,17 +90,17 @@ void run_case(const Case& c, uint64_t seed) {
   if (c.fp8) {
     quantized = quantize_linear(lw, WeightFormat::FP8, "test", default_thread_pool());
     lw = quantized.weight();
-    d_weight = upload(to_device_layout(static_cast<const uint8_t*>(lw.data), c.out, c.in));
-    d_scales = upload(std::vector<float>(lw.row_scales, lw.row_scales + c.out));
+    d_weight = to_device(to_device_layout(static_cast<const uint8_t*>(lw.data), c.out, c.in));
+    d_scales = to_device(std::vector<float>(lw.row_scales, lw.row_scales + c.out));
     dw.format = cuda::DenseWeight::Format::FP8;
     dw.row_scales = d_scales.get<float>();
   } else {
-    d_weight = upload(weight);
+    d_weight = to_device(weight);
   }
   dw.data = d_weight.get();
-  auto d_x = upload(x);
+  auto d_x = to_device(x);
   cuda::DeviceBuffer d_bias;
-  if (c.bias) d_bias = upload(bias);
+  if (c.bias) d_bias = to_device(bias);
   cuda::DeviceBuffer d_y(size_t(c.m * c.out) * sizeof(float));
   cuda::memset_device(d_y.get(), 0xff, d_y.bytes());  // NaN everywhere
 
@@ -285,9 +263,9 @@ TEST(CudaLinearFp8, Float32InputMatchesTheReference) {
     const QuantizedLinear q = quantize_linear(lw, WeightFormat::FP8, "test", default_thread_pool());
     std::vector<float> want(size_t(m * out));
     linear_forward_reference(q.weight(), x.data(), m, want.data());
-    auto d_codes = upload(to_device_layout(static_cast<const uint8_t*>(q.weight().data), out, in));
-    auto d_scales = upload(std::vector<float>(q.weight().row_scales, q.weight().row_scales + out));
-    auto d_x = upload(x), d_bias = upload(bias);
+    auto d_codes = to_device(to_device_layout(static_cast<const uint8_t*>(q.weight().data), out, in));
+    auto d_scales = to_device(std::vector<float>(q.weight().row_scales, q.weight().row_scales + out));
+    auto d_x = to_device(x), d_bias = to_device(bias);
     cuda::DeviceBuffer d_y(size_t(m * out) * 4);
     const cuda::DenseWeight dw{cuda::DenseWeight::Format::FP8, d_codes.get(), d_scales.get<float>()};
     cuda::linear_f32_input(dw, d_bias.get<float>(), d_x.get<float>(), m, out, in, d_y.get<float>(), nullptr);
@@ -318,7 +296,7 @@ TEST(CudaQuantizeFp8, MatchesTheCpuQuantizerExactly) {
   const QuantizedLinear cpu = quantize_linear(lw, WeightFormat::FP8, "test", default_thread_pool());
   const auto want = to_device_layout(static_cast<const uint8_t*>(cpu.weight().data), out, in);
 
-  auto d_weight = upload(weight);
+  auto d_weight = to_device(weight);
   cuda::DeviceBuffer d_codes(size_t(out * in)), d_scales(size_t(out) * 4);
   EXPECT_EQ(cuda::quantize_fp8_rows(d_weight.get<uint16_t>(), out, in, d_codes.get<uint8_t>(), d_scales.get<float>(),
                                     nullptr),
@@ -339,7 +317,7 @@ TEST(CudaQuantizeFp8, ReportsTheFirstNonFiniteRow) {
   std::vector<uint16_t> weight(size_t(out * in), f32_to_bf16(0.5f));
   weight[size_t(29 * in + 3)] = f32_to_bf16(INFINITY);
   weight[size_t(17 * in + 31)] = 0x7fc0;  // NaN
-  auto d_weight = upload(weight);
+  auto d_weight = to_device(weight);
   cuda::DeviceBuffer d_codes(size_t(out * in)), d_scales(size_t(out) * 4);
   EXPECT_EQ(cuda::quantize_fp8_rows(d_weight.get<uint16_t>(), out, in, d_codes.get<uint8_t>(), d_scales.get<float>(),
                                     nullptr),

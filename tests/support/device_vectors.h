@@ -1,11 +1,35 @@
 #pragma once
-// Host vectors to and from device buffers, for the GPU suites.
+// What the GPU suites share: host vectors to and from device buffers, a seeded generator for
+// their random data, and the skip when no GPU is visible.
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "backend/cuda/runtime.h"
 
+// Skips the calling test, saying why, where no CUDA GPU can be used.
+#define ANVIL_REQUIRE_GPU()                                                                              \
+  do {                                                                                                   \
+    if (::anvil::cuda::devices().empty()) GTEST_SKIP() << "no CUDA GPU: " << ::anvil::cuda::unavailable_reason(); \
+  } while (0)
+
 namespace anvil::test {
+
+// splitmix64: fast enough to fill a 1 GB weight on the host.
+struct Rng {
+  uint64_t state;
+  explicit Rng(uint64_t seed) : state(seed) {}
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-1, 1).
+  float uniform() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(1 << 23); }
+};
 
 // A device copy of `host` (a zero-length vector still gets a valid one-byte buffer).
 template <typename T>

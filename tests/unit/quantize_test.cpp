@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/e4m3.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -23,6 +24,19 @@ TEST(QuantizeScalar, E4m3RoundTripsEveryCode) {
   for (int code = 0; code < 256; ++code) {
     if ((code & 0x7f) == 0x7f) continue;
     EXPECT_EQ(f32_to_e4m3(e4m3(code)), code) << code;
+  }
+}
+
+// e4m3_value is what device code decodes scales with (NVFP4 experts on CUDA): it must be core's
+// decoder for every code, NaN codes included.
+TEST(QuantizeScalar, DeviceE4m3DecoderMatchesCore) {
+  for (int code = 0; code < 256; ++code) {
+    const float want = fp8_e4m3_to_f32(uint8_t(code)), got = e4m3_value(uint8_t(code));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << code;
+    } else {
+      EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << code << ": " << got << " vs " << want;
+    }
   }
 }
 

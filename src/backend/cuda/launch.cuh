@@ -7,6 +7,8 @@
 // writes anything (so all ordering, transitively, is kept), and may do work that depends on
 // neither (streaming constant weights) before that. On GPUs without the feature, or launched
 // plainly, the wait is a no-op and the launch is a plain stream-ordered one.
+#include <cstdint>
+#include <mutex>
 #include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -41,6 +43,22 @@ void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t sha
   config.attrs = attribute;
   config.numAttrs = chained_launch_enabled() ? 1 : 0;
   ANVIL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// Dynamic shared memory above 48 KB must be granted per kernel and device, once; callers pass the
+// most any of their launches of that kernel needs. Keyed on the kernel itself (not its type: every
+// instantiation of a kernel template shares one).
+template <auto kKernel>
+void allow_smem(size_t bytes) {
+  static std::mutex mutex;
+  static uint64_t done = 0;  // one bit per device index
+  int device = 0;
+  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (done & bit)) return;
+  ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  done |= bit;
 }
 
 }  // namespace anvil::cuda

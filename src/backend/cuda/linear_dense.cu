@@ -9,7 +9,6 @@
 // block (fits SM120's 99 KB), tile sizes picked so the grid still fills the GPU. The row scale of
 // FP8 weights is applied to the fp32 result, so both formats share the kernels.
 #include <algorithm>
-#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -433,21 +432,6 @@ void launch_gemv(const Weights& w, const float* bias, const uint16_t* x, int m, 
                  bool accumulate, cudaStream_t stream) {
   if (w.fp8) return launch_gemv_format<kTokenTiles, true>(w, bias, x, m, out, in, y, accumulate, stream);
   launch_gemv_format<kTokenTiles, false>(w, bias, x, m, out, in, y, accumulate, stream);
-}
-
-// Dynamic shared memory above 48 KB must be granted per kernel and device, once.
-// Keyed on the kernel itself (not its type: every instantiation of a kernel template shares one).
-template <auto kKernel>
-void allow_smem(size_t bytes) {
-  static std::mutex mutex;
-  static uint64_t done = 0;  // one bit per device index
-  int device = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-  if (bit != 0 && (done & bit)) return;
-  ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  done |= bit;
 }
 
 template <int kBM, int kBN, int kWarpsM, int kWarpsN, int kStages, int kMinBlocks, bool kFp8>

@@ -47,6 +47,19 @@ __device__ __forceinline__ uint32_t scale_multiplier_high(uint32_t s) {
   return ((max(s, 128u) - 1u) << 7) * 0x00010001u;
 }
 
+// An NVFP4 (E4M3) scale byte s as the bf16 multiplier s · 2^117 for both halves of a pair, so that
+// a decoded pair (code · 2^-126) times it is code · s · 2^-9, exact (at most 6 significant bits,
+// and 2^-19 at the smallest); the kernels multiply their float32 sums by global · 2^9. Built
+// through float: the byte's low 7 bits at float bits 20-26 are s · 2^-120 (a subnormal scale is a
+// float subnormal, exact), · 2^118 makes it normal, and its top 16 bits with 119 added to the
+// exponent field are s · 2^117 (at most 448 · 2^117, inside bf16's range). A zero scale stays 0.
+__device__ __forceinline__ uint32_t nvfp4_multiplier(uint32_t s) {
+  const uint32_t magnitude = s & 0x7Fu;
+  const float scaled = __uint_as_float(magnitude << 20) * 0x1p118f;
+  const uint32_t bits = magnitude != 0 ? (__float_as_uint(scaled) >> 16) + (119u << 7) : 0u;
+  return (bits | (s & 0x80u) << 8) * 0x00010001u;
+}
+
 // Pair `pair` of `word` decoded and scaled. kBig (warp-uniform, see scale_multiplier) applies the
 // second factor.
 template <bool kBig>

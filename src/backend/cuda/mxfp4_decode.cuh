@@ -44,7 +44,9 @@ constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 4 * ANVIL_DECODE_MINB1;
 // busy when few experts are active (batch 1).
 // Occupancy: 8 warps per SM with 2+ token tiles, 16 with one (128-register cap, 8-16 bytes of
 // spills, still measured faster than 12 warps without spills).
-template <int kTokenTiles, int kSplitK, bool kGateUp>
+// kNv: NVFP4 scales (two E4M3 bytes per lane block, one per word pair, and the expert's global
+// scale on the sum) instead of MXFP4's one E8M0 byte.
+template <int kTokenTiles, int kSplitK, bool kGateUp, bool kNv>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVIL_DECODE_MINB1)
     moe_decode_kernel(ExpertProduct p, Routing r) {
   // gate_up needs the routing its predecessor just wrote. down needs from its predecessor
@@ -69,6 +71,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   const int kpart = warp % kSplitK;
   const int row0 = (blockIdx.x * (kDecodeWarps / kSplitK) + warp / kSplitK) * 16;
   const int blocks_per_row = p.k / 32;
+  const int scale_cols = kNv ? p.k / 16 : blocks_per_row;
   const int chunks = (blocks_per_row + 3) / 4;
   const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
   // Rows past N read row N-1 (never stored), so the loop needs no row test.
@@ -76,14 +79,14 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   const int64_t base_a = int64_t(expert) * p.n + row_a, base_b = int64_t(expert) * p.n + row_b;
   const uint8_t* wa = p.blocks + base_a * blocks_per_row * 16 + t * 16;
   const uint8_t* wb = p.blocks + base_b * blocks_per_row * 16 + t * 16;
-  // This warp's scales for all of k: 16 rows x K/32 bytes in dynamic shared memory (the launcher
-  // sizes it kDecodeWarps * 16 * K/32). Read from global memory once per block, before the first
+  // This warp's scales for all of k: 16 rows x scale_cols bytes in dynamic shared memory (the
+  // launcher sizes it kDecodeWarps * 16 * scale_cols). Read from global memory once per block, before the first
   // chunk, instead of one DRAM byte load per chunk with one chunk of lookahead. (Measured on an
   // H200 this alone did not change batch 1; the loop is limited elsewhere, see the commit log.)
   extern __shared__ __align__(16) uint8_t decode_scales[];
-  uint8_t* const warp_scales = decode_scales + warp * 16 * blocks_per_row;
-  const uint8_t* const sa = warp_scales + g * blocks_per_row + t;
-  const uint8_t* const sb = warp_scales + (g + 8) * blocks_per_row + t;
+  uint8_t* const warp_scales = decode_scales + warp * 16 * scale_cols;
+  const uint8_t* const sa = warp_scales + g * scale_cols + (kNv ? 2 * t : t);
+  const uint8_t* const sb = warp_scales + (g + 8) * scale_cols + (kNv ? 2 * t : t);
 
   // Scales above 128 need a second multiply per pair (scale_multiplier). Real checkpoints have
   // none, so one vote over the warp's whole table, rather than one per chunk, picks the path.
@@ -104,13 +107,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     cp_async_16(dst + 32 * 16, ok ? wb + int64_t(c) * 64 : p.blocks, ok);
     cp_async_commit();
   };
+  // Rows a and b: one E8M0 byte (MXFP4) or two E4M3 bytes, for words 0-1 and 2-3 (NVFP4).
   struct Scales {
     uint32_t a, b;
   };
   auto load_scales = [&](int i) {
     const int c = kpart + i * kSplitK;
     const bool ok = chunk_ok(i);  // past the end: another warp's bytes or none; never indexed
-    return Scales{ok ? uint32_t(sa[c * 4]) : 0u, ok ? uint32_t(sb[c * 4]) : 0u};
+    if constexpr (kNv)  // 2-byte aligned: scale_cols is even
+      return Scales{ok ? uint32_t(*reinterpret_cast<const uint16_t*>(sa + c * 8)) : 0u,
+                    ok ? uint32_t(*reinterpret_cast<const uint16_t*>(sb + c * 8)) : 0u};
+    else
+      return Scales{ok ? uint32_t(sa[c * 4]) : 0u, ok ? uint32_t(sb[c * 4]) : 0u};
   };
   // Token columns past the expert's count read the first token's row: the mma keeps columns
   // apart, and those columns are never stored.
@@ -127,9 +135,20 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   float acc[2][kTokenTiles][4];
   // One chunk: word w of the lane's block feeds mma steps 2w, 2w+1 (mxfp4_common.cuh).
   auto multiply = [&](const uint4& wa4, const uint4& wb4, Scales sc, const uint4 (&xs)[kTokenTiles][4], auto big_tag) {
-    constexpr bool kBig = decltype(big_tag)::value;
-    const uint32_t mul_a = scale_multiplier(sc.a), mul_b = scale_multiplier(sc.b);
-    const uint32_t high_a = scale_multiplier_high(sc.a), high_b = scale_multiplier_high(sc.b);
+    constexpr bool kBig = decltype(big_tag)::value && !kNv;
+    // mul_*[0] serves words 0-1, mul_*[1] words 2-3 (the same multiplier for MXFP4).
+    uint32_t mul_a[2], mul_b[2], high_a = 0, high_b = 0;
+    if constexpr (kNv) {
+      mul_a[0] = nvfp4_multiplier(sc.a & 0xFFu);
+      mul_a[1] = nvfp4_multiplier(sc.a >> 8);
+      mul_b[0] = nvfp4_multiplier(sc.b & 0xFFu);
+      mul_b[1] = nvfp4_multiplier(sc.b >> 8);
+    } else {
+      mul_a[0] = mul_a[1] = scale_multiplier(sc.a);
+      mul_b[0] = mul_b[1] = scale_multiplier(sc.b);
+      high_a = scale_multiplier_high(sc.a);
+      high_b = scale_multiplier_high(sc.b);
+    }
     const uint32_t words_a[4] = {wa4.x, wa4.y, wa4.z, wa4.w};
     const uint32_t words_b[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
 #pragma unroll
@@ -137,8 +156,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
       uint32_t pa[4], pb[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        pa[i] = decode_pair<kBig>(words_a[w], i, mul_a, high_a);
-        pb[i] = decode_pair<kBig>(words_b[w], i, mul_b, high_b);
+        pa[i] = decode_pair<kBig>(words_a[w], i, mul_a[w / 2], high_a);
+        pb[i] = decode_pair<kBig>(words_b[w], i, mul_b[w / 2], high_b);
       }
 #pragma unroll
       for (int n = 0; n < kTokenTiles; ++n)
@@ -168,8 +187,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     // all out; a tile past N copies the last one, never stored). They start at a multiple of
     // 16 * K/32 bytes, so 16-byte loads work when the table is 16-aligned.
     const int src_row0 = min(row0, p.n - 16);
-    const uint8_t* src = p.scales + (int64_t(expert) * p.n + src_row0) * blocks_per_row;
-    const int bytes = 16 * blocks_per_row;
+    const uint8_t* src = p.scales + (int64_t(expert) * p.n + src_row0) * scale_cols;
+    const int bytes = 16 * scale_cols;
     constexpr int kBatch = 4;  // loads issued before their stores
     bool big = false;  // zero-filled loads past the table are 0, never big
     if ((reinterpret_cast<uintptr_t>(p.scales) & 15u) == 0) {
@@ -199,7 +218,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
       }
     }
     __syncwarp();
-    warp_big = __any_sync(0xffffffffu, big);
+    warp_big = !kNv && __any_sync(0xffffffffu, big);  // NVFP4 never needs a second multiply
   };
 
   // The first pass's weights start streaming before the token list is read.
@@ -276,9 +295,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
       const bool ok_a = row0 + g < p.n, ok_b = row0 + g + 8 < p.n;
       const float bias_a = ok_a ? p.bias[int64_t(expert) * p.n + row0 + g] : 0.0f;
       const float bias_b = ok_b ? p.bias[int64_t(expert) * p.n + row0 + g + 8] : 0.0f;
+      const float global = kNv ? p.global[expert] * 512.0f : 1.0f;  // NVFP4 pairs are value · 2^-9
 #pragma unroll
       for (int n = 0; n < kTokenTiles; ++n) {
-        float v[4] = {acc[0][n][0] + bias_a, acc[0][n][1] + bias_a, acc[0][n][2] + bias_b, acc[0][n][3] + bias_b};
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = (kNv ? acc[0][n][j] * global : acc[0][n][j]) + (j < 2 ? bias_a : bias_b);
         if constexpr (kGateUp) {
           // Gate rows are even, up rows odd: row g + 1 lives four lanes up.
           float up[4];

@@ -24,14 +24,20 @@ struct MoeGemmConfig {
   static constexpr int kBBytes = kBN * kBK / 2;  // one stage of weight codes, 32-byte rows
   static constexpr int kStageBytes = kABytes + kBBytes;
   static_assert(kThreads == 256 && kWarpM % 16 == 0 && kWarpN % 8 == 0, "8 warps tile the block");
-  // Plus the block's scales for all of K, bytes kBN * K/32 (rounded to 16).
-  static size_t smem_bytes(int k) { return size_t(kStages) * kStageBytes + size_t((kBN * (k / 32) + 15) / 16 * 16); }
+  // Plus the block's scales for all of K, bytes kBN * K/32 (MXFP4) or kBN * K/16 (NVFP4), rounded
+  // to 16.
+  static size_t smem_bytes(int k, bool nv) {
+    return size_t(kStages) * kStageBytes + size_t((kBN * (k / (nv ? 16 : 32)) + 15) / 16 * 16);
+  }
 };
 
-// Largest K the per-block scale table allows (keeps shared memory under 99 KB at kBM = 128).
+// Largest K the per-block scale table allows (keeps shared memory under 99 KB at kBM = 128 with
+// NVFP4's table).
 constexpr int kMoeGemmMaxK = 4096;
 
-template <typename Cfg, bool kGateUp>
+// kNv: NVFP4 (an E4M3 scale per 16 codes, which is exactly one lane quad's bytes of a k tile, and
+// the expert's global scale on the sum) instead of MXFP4 (an E8M0 scale per 32).
+template <typename Cfg, bool kGateUp, bool kNv>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     moe_gemm_kernel(ExpertProduct p, Routing r) {
   wait_for_predecessor();
@@ -50,16 +56,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
   const int g = lane / 4, t = lane % 4;
-  const int blocks_per_row = p.k / 32;  // scale columns
+  const int blocks_per_row = p.k / 32;  // 32-code blocks of the code layout
+  const int scale_cols = kNv ? p.k / 16 : blocks_per_row;
   const int k_tiles = p.k / Cfg::kBK;
 
-  // The block's scales for every k: [kBN][K/32] bytes, behind the pipeline stages. Plain loads;
-  // the first barrier of the main loop publishes them.
+  // The block's scales for every k: [kBN][scale_cols] bytes, behind the pipeline stages. Plain
+  // loads; the first barrier of the main loop publishes them.
   uint8_t* scale_table = smem + Cfg::kStages * Cfg::kStageBytes;
   {
     const int valid_rows = min(Cfg::kBN, p.n - n0);
-    const uint8_t* src = p.scales + (int64_t(expert) * p.n + n0) * blocks_per_row;
-    const int total = Cfg::kBN * blocks_per_row, valid = valid_rows * blocks_per_row;
+    const uint8_t* src = p.scales + (int64_t(expert) * p.n + n0) * scale_cols;
+    const int total = Cfg::kBN * scale_cols, valid = valid_rows * scale_cols;
     for (int i = tid; i < total; i += Cfg::kThreads) scale_table[i] = i < valid ? __ldg(src + i) : uint8_t(0);
   }
 
@@ -121,17 +128,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
       const int row = w_row0 + nt * 8;
       words[nt] = *reinterpret_cast<const uint2*>(b_tile + row * 32 + t * 8);
-      scale[nt] = scale_table[row * blocks_per_row + 2 * kt + t / 2];
-      any_big |= scale[nt] > 128;
+      scale[nt] = kNv ? scale_table[row * scale_cols + 4 * kt + t] : scale_table[row * scale_cols + 2 * kt + t / 2];
+      any_big |= !kNv && scale[nt] > 128;
     }
     // k16 step s takes pairs P[2s], P[2s+1] (P[j] = word j/4, pair j%4), decoded just before use
     // so the decode of one step overlaps the products of the previous.
     auto steps = [&](auto big_tag) {
-      constexpr bool kBig = decltype(big_tag)::value;
+      constexpr bool kBig = decltype(big_tag)::value && !kNv;
       uint32_t mul[Cfg::kNTiles], high[Cfg::kNTiles];
 #pragma unroll
       for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
-        mul[nt] = scale_multiplier(scale[nt]);
+        mul[nt] = kNv ? nvfp4_multiplier(scale[nt]) : scale_multiplier(scale[nt]);
         high[nt] = scale_multiplier_high(scale[nt]);
       }
 #pragma unroll
@@ -154,8 +161,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         }
       }
     };
-    // Scales above 128 need a second multiply; the vote keeps the branch warp-uniform.
-    if (__any_sync(0xffffffffu, any_big))
+    // MXFP4 scales above 128 need a second multiply; the vote keeps the branch warp-uniform.
+    if (!kNv && __any_sync(0xffffffffu, any_big))
       steps(std::true_type{});
     else
       steps(std::false_type{});
@@ -164,6 +171,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // acc[mt][nt] = {D[r][c], D[r][c+1], D[r+8][c], D[r+8][c+1]}: rows are sorted positions,
   // columns weight rows c = n0 + warp_n * kWarpN + nt * 8 + 2t (even: a gate/up pair for gate_up).
+  const float global = kNv ? p.global[expert] * 512.0f : 1.0f;  // NVFP4 pairs are value · 2^-9
 #pragma unroll
   for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
     const int col = n0 + warp_n * Cfg::kWarpN + nt * 8 + 2 * t;
@@ -175,7 +183,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       for (int half = 0; half < 2; ++half) {
         const int row = warp_m * Cfg::kWarpM + mt * 16 + g + half * 8;
         if (row >= rows) continue;
-        const float v0 = acc[mt][nt][2 * half] + bias0, v1 = acc[mt][nt][2 * half + 1] + bias1;
+        const float v0 = (kNv ? acc[mt][nt][2 * half] * global : acc[mt][nt][2 * half]) + bias0;
+        const float v1 = (kNv ? acc[mt][nt][2 * half + 1] * global : acc[mt][nt][2 * half + 1]) + bias1;
         const int64_t position = row_begin + row;
         if constexpr (kGateUp) {
           const int j = col / 2, width = p.n / 2;

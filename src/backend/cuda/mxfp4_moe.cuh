@@ -26,8 +26,9 @@ struct Routing {
 // down: A = activations, N = H, K = I; writes fp32 [slots, H] at row = slot (token * k + j).
 struct ExpertProduct {
   const uint16_t* a = nullptr;
-  const uint8_t* blocks = nullptr;  // [E, N, K/32, 16]
-  const uint8_t* scales = nullptr;  // [E, N, K/32]
+  const uint8_t* blocks = nullptr;  // [E, N, K/2] E2M1 codes, device layout
+  const uint8_t* scales = nullptr;  // [E, N, K/32] E8M0 (MXFP4) or [E, N, K/16] E4M3 (NVFP4)
+  const float* global = nullptr;    // [E], NVFP4
   const float* bias = nullptr;      // [E, N]
   int n = 0, k = 0;                 // N and K
   int top_k = 0;                    // slots per token (gate_up gathers A rows by slot / top_k)

@@ -1,4 +1,4 @@
-// cuda::moe_topk_softmax and cuda::moe_mxfp4 against a straightforward CPU MoE built from the
+// cuda::moe_topk_softmax and cuda::moe_fp4 against a straightforward CPU MoE built from the
 // reference pieces: cpu::top_k_indices + softmax for routing, linear_forward_reference for the
 // MXFP4 products (bias included), cpu::swiglu_oai in between, and the routing-weighted sum added
 // to the residual. Fresh random data every case; outputs poisoned or pre-filled with random
@@ -19,66 +19,75 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/runtime.h"
 #include "backend/linear.h"
+#include "backend/quantize.h"
 #include "core/dtype.h"
+#include "core/thread_pool.h"
 #include "support/device_vectors.h"
 
 namespace anvil {
 namespace {
 
+using test::Rng;
 using test::to_device;
 using test::to_host;
-
-#define ANVIL_REQUIRE_GPU()                                                                      \
-  do {                                                                                           \
-    if (cuda::devices().empty()) GTEST_SKIP() << "no CUDA GPU: " << cuda::unavailable_reason(); \
-  } while (0)
-
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(1 << 23); }
-};
 
 struct Shape {
   int64_t experts, hidden, intermediate;
   int k;
 };
 
+// How the synthetic experts are scaled.
+enum class Scaling {
+  Mxfp4,     // E8M0 around the dummy loader's choice
+  Mxfp4Big,  // the same with some blocks above 128 (the second-multiply path)
+  Nvfp4,     // E4M3 per 16 codes (subnormal and zero ones included) and a global scale per expert
+};
+
 // Host copy of one layer's experts plus their device copies.
 struct Experts {
   Shape shape;
+  bool nv = false;
   std::vector<uint8_t> gu_blocks, gu_scales, down_blocks, down_scales;
-  std::vector<float> gu_bias, down_bias;
-  cuda::DeviceBuffer d_gu_blocks, d_gu_scales, d_gu_bias, d_down_blocks, d_down_scales, d_down_bias;
+  std::vector<float> gu_bias, down_bias, gu_global, down_global;
+  cuda::DeviceBuffer d_gu_blocks, d_gu_scales, d_gu_bias, d_down_blocks, d_down_scales, d_down_bias, d_gu_global,
+      d_down_global;
   float limit = 7.0f, alpha = 1.702f;
 
-  // Scales around the dummy loader's choice (127 - ceil(log2(sqrt(fan_in) * 2.6))) so
-  // activations stay O(1); `big_scales` puts some blocks above 128 (the second-multiply path).
-  Experts(const Shape& s, Rng& rng, bool big_scales = false) : shape(s) {
-    auto fill = [&](std::vector<uint8_t>& blocks, std::vector<uint8_t>& scales, std::vector<float>& bias, int64_t rows,
-                    int64_t cols) {
+  // Weight magnitudes around the dummy loader's choice (2^-ceil(log2(sqrt(fan_in) * 2.6))) so
+  // activations stay O(1).
+  Experts(const Shape& s, Rng& rng, Scaling scaling = Scaling::Mxfp4) : shape(s), nv(scaling == Scaling::Nvfp4) {
+    auto fill = [&](std::vector<uint8_t>& blocks, std::vector<uint8_t>& scales, std::vector<float>& global,
+                    std::vector<float>& bias, int64_t rows, int64_t cols) {
       blocks.resize(size_t(s.experts * rows * cols / 2));
       for (size_t i = 0; i < blocks.size(); i += 8) {
         const uint64_t r = rng.next();
         for (size_t j = 0; j < 8 && i + j < blocks.size(); ++j) blocks[i + j] = uint8_t(r >> (8 * j));
       }
       const int base = 127 - int(std::ceil(std::log2(std::sqrt(double(cols)) * 2.6)));
-      scales.resize(size_t(s.experts * rows * cols / 32));
-      for (auto& sc : scales) {
-        sc = uint8_t(base - 2 + int(rng.next() % 5));
-        if (big_scales && rng.next() % 64 == 0) sc = uint8_t(129 + rng.next() % 4);
+      if (nv) {
+        // E4M3 scales from 0.25 to 3.75 (0x28-0x4e), a few subnormal or zero ones, and a global
+        // scale that is not a power of two.
+        scales.resize(size_t(s.experts * rows * cols / 16));
+        for (auto& sc : scales) {
+          const uint64_t r = rng.next();
+          sc = r % 97 == 0 ? uint8_t(r % 8) : uint8_t(0x28 + (r >> 8) % 39);
+        }
+        global.resize(size_t(s.experts));
+        for (auto& g : global) g = std::ldexp(0.6f + 0.3f * std::fabs(rng.uniform()), base - 127);
+      } else {
+        scales.resize(size_t(s.experts * rows * cols / 32));
+        for (auto& sc : scales) {
+          sc = uint8_t(base - 2 + int(rng.next() % 5));
+          if (scaling == Scaling::Mxfp4Big && rng.next() % 64 == 0) sc = uint8_t(129 + rng.next() % 4);
+        }
       }
       bias.resize(size_t(s.experts * rows));
       for (auto& b : bias) b = 0.5f * rng.uniform();
     };
-    fill(gu_blocks, gu_scales, gu_bias, 2 * s.intermediate, s.hidden);
-    fill(down_blocks, down_scales, down_bias, s.hidden, s.intermediate);
+    fill(gu_blocks, gu_scales, gu_global, gu_bias, 2 * s.intermediate, s.hidden);
+    fill(down_blocks, down_scales, down_global, down_bias, s.hidden, s.intermediate);
+    d_gu_global = to_device(gu_global);
+    d_down_global = to_device(down_global);
     // The host copies stay in checkpoint order for the reference; the device ones are packed.
     d_gu_blocks = to_device(gu_blocks);
     cuda::mxfp4_pack_codes(d_gu_blocks.get<uint8_t>(), gu_blocks.size(), nullptr);
@@ -90,8 +99,11 @@ struct Experts {
     d_down_bias = to_device(down_bias);
   }
 
-  cuda::MoeMxfp4Weights device() const {
-    cuda::MoeMxfp4Weights w;
+  cuda::MoeFp4Weights device() const {
+    cuda::MoeFp4Weights w;
+    w.format = nv ? cuda::Fp4Format::NVFP4 : cuda::Fp4Format::MXFP4;
+    w.gate_up_global = nv ? d_gu_global.get<float>() : nullptr;
+    w.down_global = nv ? d_down_global.get<float>() : nullptr;
     w.gate_up_blocks = d_gu_blocks.get<uint8_t>();
     w.gate_up_scales = d_gu_scales.get<uint8_t>();
     w.gate_up_bias = d_gu_bias.get<float>();
@@ -109,22 +121,24 @@ struct Experts {
   LinearWeight gate_up(int64_t e) const {
     const int64_t rows = 2 * shape.intermediate, cols = shape.hidden;
     LinearWeight w;
-    w.format = WeightFormat::MXFP4;
+    w.format = nv ? WeightFormat::NVFP4 : WeightFormat::MXFP4;
     w.out_features = rows;
     w.in_features = cols;
     w.data = gu_blocks.data() + e * rows * cols / 2;
-    w.scales = gu_scales.data() + e * rows * cols / 32;
+    w.scales = gu_scales.data() + e * rows * cols / (nv ? 16 : 32);
+    if (nv) w.global_scale = gu_global[size_t(e)];
     w.bias = gu_bias.data() + e * rows;
     return w;
   }
   LinearWeight down(int64_t e) const {
     const int64_t rows = shape.hidden, cols = shape.intermediate;
     LinearWeight w;
-    w.format = WeightFormat::MXFP4;
+    w.format = nv ? WeightFormat::NVFP4 : WeightFormat::MXFP4;
     w.out_features = rows;
     w.in_features = cols;
     w.data = down_blocks.data() + e * rows * cols / 2;
-    w.scales = down_scales.data() + e * rows * cols / 32;
+    w.scales = down_scales.data() + e * rows * cols / (nv ? 16 : 32);
+    if (nv) w.global_scale = down_global[size_t(e)];
     w.bias = down_bias.data() + e * rows;
     return w;
   }
@@ -147,7 +161,7 @@ struct Experts {
   size_t expert_bytes() const {
     const int64_t H = shape.hidden, I = shape.intermediate;
     const int64_t weights = 2 * I * H + H * I;
-    return size_t(weights / 2 + weights / 32 + (2 * I + H) * 4);
+    return size_t(weights / 2 + weights / (nv ? 16 : 32) + (2 * I + H) * 4);
   }
 };
 
@@ -187,7 +201,7 @@ struct RunOptions {
   int64_t checked_rows = 24;
 };
 
-// Runs moe_mxfp4 for h [m, H] with the given routing and checks sampled rows against the CPU.
+// Runs moe_fp4 for h [m, H] with the given routing and checks sampled rows against the CPU.
 void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const RunOptions& options = {}) {
   const Shape& s = ex.shape;
   SCOPED_TRACE("E=" + std::to_string(s.experts) + " H=" + std::to_string(s.hidden) + " I=" +
@@ -197,12 +211,12 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
   std::vector<float> residual(size_t(m * s.hidden));
   for (auto& v : residual) v = rng.uniform();
   auto d_h = to_device(h), d_ids = to_device(routed.ids), d_w = to_device(routed.weights), d_residual = to_device(residual);
-  const size_t ws_bytes = cuda::moe_mxfp4_workspace_bytes(m, s.k, s.experts, s.hidden, s.intermediate);
+  const size_t ws_bytes = cuda::moe_fp4_workspace_bytes(m, s.k, s.experts, s.hidden, s.intermediate);
   cuda::DeviceBuffer workspace(ws_bytes);
   // Stale routing tables and activations must not matter.
   cuda::memset_device(workspace.get(), 0xff, ws_bytes);
   const auto weights = ex.device();
-  cuda::moe_mxfp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+  cuda::moe_fp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                   d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
   cuda::synchronize();
   const auto out = to_host<float>(d_residual, residual.size());
@@ -241,7 +255,7 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
     auto d_norm = to_device(norm_weight), d_residual2 = to_device(residual), d_h2 = to_device(h);
     cuda::memset_device(workspace.get(), 0xff, ws_bytes);
     const cuda::NextNorm next{d_norm.get<float>(), 1e-5f, d_h2.get<uint16_t>()};
-    cuda::moe_mxfp4(weights, d_h2.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+    cuda::moe_fp4(weights, d_h2.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                     d_residual2.get<float>(), workspace.get(), ws_bytes, nullptr, &next);
     const auto out2 = to_host<float>(d_residual2, residual.size());
     const auto normed = to_host<uint16_t>(d_h2, h.size());
@@ -262,13 +276,13 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
 
   if (options.timing_runs > 0) {
     for (int i = 0; i < 3; ++i)
-      cuda::moe_mxfp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+      cuda::moe_fp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                       d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
     std::vector<double> ms;
     cuda::EventTimer timer;
     for (int i = 0; i < options.timing_runs; ++i) {
       timer.start();
-      cuda::moe_mxfp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+      cuda::moe_fp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                       d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
       ms.push_back(timer.stop_ms());
     }
@@ -277,9 +291,9 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
     const std::set<int32_t> active(routed.ids.begin(), routed.ids.end());
     const double bytes = double(active.size()) * double(ex.expert_bytes());
     const double flops = 2.0 * double(m * s.k) * 3.0 * double(s.hidden) * double(s.intermediate);
-    std::printf("[ perf ] moe_mxfp4 E=%lld H=%lld I=%lld k=%d m=%lld: %.1f us, %zu experts, %.0f GB/s of expert "
+    std::printf("[ perf ] moe_fp4 %s E=%lld H=%lld I=%lld k=%d m=%lld: %.1f us, %zu experts, %.0f GB/s of expert "
                 "weights, %.1f TFLOP/s\n",
-                static_cast<long long>(s.experts), static_cast<long long>(s.hidden),
+                ex.nv ? "NVFP4" : "MXFP4", static_cast<long long>(s.experts), static_cast<long long>(s.hidden),
                 static_cast<long long>(s.intermediate), s.k, static_cast<long long>(m), seconds * 1e6, active.size(),
                 bytes / seconds * 1e-9, flops / seconds * 1e-12);
   }
@@ -385,7 +399,7 @@ TEST(CudaMoe, OneExpertGetsEveryToken) {
 TEST(CudaMoe, ScalesAbove128) {
   ANVIL_REQUIRE_GPU();
   Rng rng(19);
-  const Experts ex({8, 256, 256, 2}, rng, /*big_scales=*/true);
+  const Experts ex({8, 256, 256, 2}, rng, Scaling::Mxfp4Big);
   for (int64_t m : {2, 600}) {
     const auto routed = route_on_gpu(m, ex.shape, rng);
     run_moe(ex, m, routed, rng);
@@ -405,13 +419,89 @@ TEST(CudaMoe, GptOss20bShapesWithSpeed) {
   }
 }
 
+// NVFP4 experts through both paths: the decode kernels (few tokens per expert, also H = 288, which
+// only they take) and the grouped GEMM, with E4M3 block scales (subnormal and zero ones included)
+// and a global scale per expert and matrix.
+TEST(CudaMoeNvfp4, RandomRoutingBothPaths) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(31);
+  const Experts ex({8, 256, 384, 2}, rng, Scaling::Nvfp4);
+  for (int64_t m : {1, 3, 17, 64, 300, 2048}) {
+    const auto routed = route_on_gpu(m, ex.shape, rng);
+    run_moe(ex, m, routed, rng);
+  }
+  const Experts odd({4, 288, 96, 2}, rng, Scaling::Nvfp4);
+  for (int64_t m : {1, 40, 300}) {
+    const auto routed = route_on_gpu(m, odd.shape, rng);
+    run_moe(odd, m, routed, rng);
+  }
+}
+
+TEST(CudaMoeNvfp4, GptOss20bShapesWithSpeed) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(37);
+  const Experts ex({32, 2880, 2880, 4}, rng, Scaling::Nvfp4);
+  for (int64_t m : {1, 64, 2048}) {
+    const auto routed = route_on_gpu(m, ex.shape, rng);
+    RunOptions options;
+    options.timing_runs = m >= 2048 ? 10 : 50;
+    options.checked_rows = m >= 64 ? 6 : 8;
+    run_moe(ex, m, routed, rng, options);
+  }
+}
+
+// The device quantizer against the CPU's quantize_linear, byte for byte: MXFP4 experts (scales
+// from 2^-20 to 2^8, so some blocks' E4M3 scales are subnormal, one all-zero expert) re-quantized
+// to NVFP4 on the GPU give the CPU's codes, block scales and global scale; a non-finite weight
+// (scale 255 makes infinity) is reported by its row.
+TEST(CudaMoeNvfp4, DeviceQuantizerMatchesTheCpu) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(41);
+  const int64_t experts = 3, rows = 40, in = 96;
+  std::vector<uint8_t> codes(size_t(experts * rows * in / 2)), mx(size_t(experts * rows * in / 32));
+  for (auto& c : codes) c = uint8_t(rng.next());
+  for (size_t i = 0; i < mx.size(); ++i) mx[i] = uint8_t(107 + rng.next() % 29);
+  for (int64_t i = 0; i < rows * in / 2; ++i) codes[size_t(rows * in / 2 + i)] = 0;  // expert 1: all zero
+  auto d_codes = to_device(codes), d_mx = to_device(mx);
+  cuda::DeviceBuffer d_nv(size_t(experts * rows * in / 16)), d_global(size_t(experts) * 4);
+  ASSERT_EQ(cuda::quantize_mxfp4_experts_to_nvfp4(d_codes.get<uint8_t>(), d_mx.get<uint8_t>(), experts, rows, in,
+                                                  d_nv.get<uint8_t>(), d_global.get<float>(), nullptr),
+            -1);
+  const auto got_codes = to_host<uint8_t>(d_codes, codes.size());
+  const auto got_scales = to_host<uint8_t>(d_nv, size_t(experts * rows * in / 16));
+  const auto got_global = to_host<float>(d_global, size_t(experts));
+  ThreadPool pool(2);
+  for (int64_t e = 0; e < experts; ++e) {
+    LinearWeight source;
+    source.format = WeightFormat::MXFP4;
+    source.out_features = rows;
+    source.in_features = in;
+    source.data = codes.data() + e * rows * in / 2;
+    source.scales = mx.data() + e * rows * in / 32;
+    const QuantizedLinear want = quantize_linear(source, WeightFormat::NVFP4, "expert", pool);
+    EXPECT_EQ(got_global[size_t(e)], want.weight().global_scale) << "expert " << e;
+    const auto* want_codes = static_cast<const uint8_t*>(want.weight().data);
+    for (int64_t i = 0; i < rows * in / 2; ++i)
+      ASSERT_EQ(got_codes[size_t(e * rows * in / 2 + i)], want_codes[i]) << "expert " << e << " byte " << i;
+    for (int64_t i = 0; i < rows * in / 16; ++i)
+      ASSERT_EQ(got_scales[size_t(e * rows * in / 16 + i)], want.weight().scales[i]) << "expert " << e << " scale " << i;
+  }
+  // Scale 255 is 2^128: a nonzero code there is infinite.
+  std::vector<uint8_t> bad_mx = mx;
+  bad_mx[size_t((2 * rows + 7) * in / 32 + 1)] = 255;
+  auto d_codes2 = to_device(codes), d_bad = to_device(bad_mx);
+  EXPECT_EQ(cuda::quantize_mxfp4_experts_to_nvfp4(d_codes2.get<uint8_t>(), d_bad.get<uint8_t>(), experts, rows, in,
+                                                  d_nv.get<uint8_t>(), d_global.get<float>(), nullptr),
+            2 * rows + 7);
+}
+
 // The float32 compute mode's experts: float32 h and intermediates, so they agree with the CPU
 // reference to float32 summation-order rounding, including scales above 128.
 TEST(CudaMoe, Float32PathMatchesTheCpuTightly) {
   ANVIL_REQUIRE_GPU();
   Rng rng(29);
-  for (const bool big : {false, true}) {
-    const Experts ex({8, 288, 96, 3}, rng, big);
+  for (const Scaling scaling : {Scaling::Mxfp4, Scaling::Mxfp4Big, Scaling::Nvfp4}) {
+    const Experts ex({8, 288, 96, 3}, rng, scaling);
     const Shape& s = ex.shape;
     for (int64_t m : {1, 7, 40}) {
       const auto routed = route_on_gpu(m, s, rng);
@@ -419,10 +509,10 @@ TEST(CudaMoe, Float32PathMatchesTheCpuTightly) {
       for (auto& v : h) v = rng.uniform();
       for (auto& v : residual) v = rng.uniform();
       auto d_h = to_device(h), d_ids = to_device(routed.ids), d_w = to_device(routed.weights), d_residual = to_device(residual);
-      const size_t bytes = cuda::moe_mxfp4_f32_workspace_bytes(m, s.k, s.intermediate);
+      const size_t bytes = cuda::moe_fp4_f32_workspace_bytes(m, s.k, s.intermediate);
       cuda::DeviceBuffer workspace(bytes);
       cuda::memset_device(workspace.get(), 0xff, bytes);
-      cuda::moe_mxfp4_f32(ex.device(), d_h.get<float>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+      cuda::moe_fp4_f32(ex.device(), d_h.get<float>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                           d_residual.get<float>(), workspace.get(), bytes, nullptr);
       cuda::synchronize();
       const auto out = to_host<float>(d_residual, residual.size());
@@ -436,7 +526,7 @@ TEST(CudaMoe, Float32PathMatchesTheCpuTightly) {
           norm += double(want[size_t(i)]) * want[size_t(i)];
         }
       }
-      EXPECT_LT(std::sqrt(err / norm), 1e-5) << "m " << m << (big ? " with scales above 128" : "");
+      EXPECT_LT(std::sqrt(err / norm), 1e-5) << "m " << m << " scaling " << int(scaling);
     }
   }
 }

@@ -2,12 +2,14 @@
 //
 // The bf16 path rounds the expert input and the SwiGLU output to bf16 before each matrix product;
 // on a model as sensitive as a tiny random one that alone moves logits by most of a unit. Here
-// every value stays float32 and each weight is decoded exactly (E2M1 × 2^(scale-127)), so the
+// every value stays float32 and each weight is decoded exactly (E2M1 × 2^(scale-127), or
+// E2M1 × E4M3 scale, with NVFP4's global scale on each 16-block's sum), so the
 // result differs from the CPU's float32 reference only by summation order. One warp per output
 // value on CUDA cores: correct at any size, fast at none, which the mode accepts.
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/mxfp4_common.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/e4m3.h"
 
 namespace anvil::cuda {
 
@@ -18,21 +20,29 @@ constexpr int kWarpsPerBlock = 8;
 __device__ const float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-// Σ_i row[i] · x[i] for one MXFP4 row of `in` weights; every lane of the warp gets the sum.
-__device__ float mxfp4_row_dot(const float* lut, const uint8_t* blocks, const uint8_t* scales, const float* x,
-                               int64_t in) {
+// Σ_i row[i] · x[i] for one row of `in` FP4 weights (its scales start at `scales`; `global` is
+// the matrix's NVFP4 global scale); every lane of the warp gets the sum.
+__device__ float fp4_row_dot(const float* lut, Fp4Format format, const uint8_t* blocks, const uint8_t* scales,
+                             float global, const float* x, int64_t in) {
   const int lane = threadIdx.x % 32;
   float sum = 0.0f;
   for (int64_t b = lane; b < in / 32; b += 32) {
     const uint32_t* words = reinterpret_cast<const uint32_t*>(blocks + b * 16);
     const float* xb = x + b * 32;
-    float block = 0.0f;
+    const bool nv = format == Fp4Format::NVFP4;
+    float half[2] = {0.0f, 0.0f};  // NVFP4: codes 0-15 and 16-31 (own scales); MXFP4: all in half[0]
     for (int i = 0; i < 4; ++i) {
       const uint32_t word = mxfp4::unpack_codes_word(words[i]);  // device layout -> nibble i = code i
-      for (int j = 0; j < 8; ++j) block = fmaf(lut[(word >> (4 * j)) & 15u], xb[8 * i + j], block);
+      float& acc = half[nv ? i / 2 : 0];
+      for (int j = 0; j < 8; ++j) acc = fmaf(lut[(word >> (4 * j)) & 15u], xb[8 * i + j], acc);
     }
-    // A power of two: the product is exact unless it leaves float32's range.
-    sum = fmaf(block, ldexpf(1.0f, int(scales[b]) - 127), sum);
+    if (nv) {
+      sum = fmaf(half[0], e4m3_value(scales[2 * b]) * global, sum);
+      sum = fmaf(half[1], e4m3_value(scales[2 * b + 1]) * global, sum);
+    } else {
+      // A power of two: the product is exact unless it leaves float32's range.
+      sum = fmaf(half[0], ldexpf(1.0f, int(scales[b]) - 127), sum);
+    }
   }
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   return sum;
@@ -40,21 +50,23 @@ __device__ float mxfp4_row_dot(const float* lut, const uint8_t* blocks, const ui
 
 // act[(r, slot), j] = swiglu(gate_j, up_j) for output j of the chosen expert; gate and up are the
 // interleaved rows 2j and 2j+1 of gate_up.
-__global__ void gate_up_kernel(MoeMxfp4Weights w, const float* h, int k, const int32_t* ids, float* act) {
+__global__ void gate_up_kernel(MoeFp4Weights w, const float* h, int k, const int32_t* ids, float* act) {
+  const int64_t scale_cols = w.hidden / (w.format == Fp4Format::NVFP4 ? 16 : 32);
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = kE2M1[threadIdx.x];
   __syncthreads();
   const int64_t assignment = blockIdx.y;  // r * k + slot
   const int64_t j = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (j >= w.intermediate) return;
-  const int64_t expert = ids[assignment], row = assignment / k, blocks_per_row = w.hidden / 32;
+  const int64_t expert = ids[assignment], row = assignment / k;
   const float* x = h + row * w.hidden;
   const int64_t gate_row = expert * 2 * w.intermediate + 2 * j;
-  const float gate = mxfp4_row_dot(lut, w.gate_up_blocks + gate_row * blocks_per_row * 16,
-                                   w.gate_up_scales + gate_row * blocks_per_row, x, w.hidden) +
+  const float global = w.format == Fp4Format::NVFP4 ? w.gate_up_global[expert] : 1.0f;
+  const float gate = fp4_row_dot(lut, w.format, w.gate_up_blocks + gate_row * w.hidden / 2,
+                                 w.gate_up_scales + gate_row * scale_cols, global, x, w.hidden) +
                      w.gate_up_bias[gate_row];
-  const float up = mxfp4_row_dot(lut, w.gate_up_blocks + (gate_row + 1) * blocks_per_row * 16,
-                                 w.gate_up_scales + (gate_row + 1) * blocks_per_row, x, w.hidden) +
+  const float up = fp4_row_dot(lut, w.format, w.gate_up_blocks + (gate_row + 1) * w.hidden / 2,
+                               w.gate_up_scales + (gate_row + 1) * scale_cols, global, x, w.hidden) +
                    w.gate_up_bias[gate_row + 1];
   if (threadIdx.x % 32 == 0)
     act[assignment * w.intermediate + j] = mxfp4::swiglu_oai(gate, up, w.swiglu_limit, w.swiglu_alpha);
@@ -62,7 +74,7 @@ __global__ void gate_up_kernel(MoeMxfp4Weights w, const float* h, int k, const i
 
 // residual[r, i] += Σ_slot weight · (down_e[i] · act[(r, slot)] + b2_e[i]), slots in order, so the
 // sum is the same on every run.
-__global__ void down_kernel(MoeMxfp4Weights w, int k, const int32_t* ids, const float* route_weights, const float* act,
+__global__ void down_kernel(MoeFp4Weights w, int k, const int32_t* ids, const float* route_weights, const float* act,
                             float* residual) {
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = kE2M1[threadIdx.x];
@@ -70,14 +82,15 @@ __global__ void down_kernel(MoeMxfp4Weights w, int k, const int32_t* ids, const 
   const int64_t row = blockIdx.y;
   const int64_t i = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (i >= w.hidden) return;
-  const int64_t blocks_per_row = w.intermediate / 32;
+  const int64_t scale_cols = w.intermediate / (w.format == Fp4Format::NVFP4 ? 16 : 32);
   float total = 0.0f;
   for (int slot = 0; slot < k; ++slot) {
     const int64_t assignment = row * k + slot, expert = ids[assignment];
     const int64_t down_row = expert * w.hidden + i;
-    const float y = mxfp4_row_dot(lut, w.down_blocks + down_row * blocks_per_row * 16,
-                                  w.down_scales + down_row * blocks_per_row, act + assignment * w.intermediate,
-                                  w.intermediate) +
+    const float global = w.format == Fp4Format::NVFP4 ? w.down_global[expert] : 1.0f;
+    const float y = fp4_row_dot(lut, w.format, w.down_blocks + down_row * w.intermediate / 2,
+                                w.down_scales + down_row * scale_cols, global, act + assignment * w.intermediate,
+                                w.intermediate) +
                     w.down_bias[down_row];
     total = fmaf(route_weights[assignment], y, total);
   }
@@ -86,16 +99,16 @@ __global__ void down_kernel(MoeMxfp4Weights w, int k, const int32_t* ids, const 
 
 }  // namespace
 
-size_t moe_mxfp4_f32_workspace_bytes(int64_t max_rows, int k, int64_t intermediate) {
+size_t moe_fp4_f32_workspace_bytes(int64_t max_rows, int k, int64_t intermediate) {
   return size_t(max_rows * k * intermediate) * sizeof(float);
 }
 
-void moe_mxfp4_f32(const MoeMxfp4Weights& weights, const float* h, int64_t m, int k, const int32_t* ids,
+void moe_fp4_f32(const MoeFp4Weights& weights, const float* h, int64_t m, int k, const int32_t* ids,
                    const float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
                    Stream stream) {
   if (m == 0) return;
-  if (workspace_bytes < moe_mxfp4_f32_workspace_bytes(m, k, weights.intermediate))
-    throw_cuda_error("moe_mxfp4_f32: workspace too small", int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  if (workspace_bytes < moe_fp4_f32_workspace_bytes(m, k, weights.intermediate))
+    throw_cuda_error("moe_fp4_f32: workspace too small", int(cudaErrorInvalidValue), __FILE__, __LINE__);
   float* act = static_cast<float*>(workspace);
   const cudaStream_t s = as_stream(stream);
   const dim3 gate_grid(unsigned(ceil_div(weights.intermediate, kWarpsPerBlock)), unsigned(m * k));

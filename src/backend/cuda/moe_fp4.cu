@@ -1,4 +1,6 @@
-// gpt-oss's mixture of experts with MXFP4 weights.
+// gpt-oss's mixture of experts with FP4 weights: MXFP4 (as checkpoints ship) or NVFP4
+// (--quantize-experts nvfp4). Both have the same E2M1 codes and device layout; the kernels are
+// templated on how the codes are scaled (kNv).
 //
 // One call = route (sort the (token, j) slots by expert on the device, no host round trip) →
 // expert products → weighted combine into the residual. Two product paths:
@@ -11,7 +13,6 @@
 // workspace, so the whole call can be captured in a CUDA graph.
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -310,17 +311,17 @@ Layout layout_for(int64_t rows, int k, int64_t experts, int64_t hidden, int64_t 
 
 // ---- launches ----
 
-template <int kTokenTiles, int kSplitK, bool kGateUp>
+template <int kTokenTiles, int kSplitK, bool kGateUp, bool kNv>
 void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
   constexpr int kRowsPerBlock = 16 * kDecodeWarps / kSplitK;
-  constexpr auto kernel = moe_decode_kernel<kTokenTiles, kSplitK, kGateUp>;
-  // The per-warp scale tables (16 rows x K/32 bytes each); past the default 48 KB together with
-  // the static ring (K above ~12k) they need the opt-in.
-  const size_t smem = size_t(kDecodeWarps) * 16 * size_t(p.k / 32);
+  constexpr auto kernel = moe_decode_kernel<kTokenTiles, kSplitK, kGateUp, kNv>;
+  // The per-warp scale tables (16 rows x K/32 or K/16 bytes each); past the default 48 KB together
+  // with the static ring (K above ~6-12k) they need the opt-in.
+  const size_t smem = size_t(kDecodeWarps) * 16 * size_t(p.k / (kNv ? 16 : 32));
   constexpr size_t kStatic = size_t(kDecodeWarps) * kDecodeStages * 2 * 32 * 16 +
                             size_t(kSplitK > 1 ? kDecodeWarps : 1) * kTokenTiles * 32 * 16;
   if (smem + kStatic > 48 * 1024) {
-    if (smem > 160 * 1024) invalid("moe_mxfp4: hidden / intermediate too large for the decode path");
+    if (smem > 160 * 1024) invalid("moe_fp4: hidden / intermediate too large for the decode path");
     ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
   const dim3 grid(unsigned(ceil_div(p.n, kRowsPerBlock)), unsigned(active_bound));
@@ -330,16 +331,16 @@ void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bo
 
 // Splits k across more warps when few would stream (batch 1: four experts), as far as the warps
 // still fit on the GPU at once.
-template <int kTokenTiles, bool kGateUp>
+template <int kTokenTiles, bool kGateUp, bool kNv>
 void launch_decode(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
   const int64_t warps = ceil_div(p.n, 16) * active_bound;
   const int64_t resident = int64_t(kDecodeWarpsPerSm<kTokenTiles>) * current_multiprocessors();
-  if (2 * warps > resident) return launch_decode_split<kTokenTiles, 1, kGateUp>(p, r, active_bound, stream);
-  if (4 * warps > resident) return launch_decode_split<kTokenTiles, 2, kGateUp>(p, r, active_bound, stream);
-  launch_decode_split<kTokenTiles, 4, kGateUp>(p, r, active_bound, stream);
+  if (2 * warps > resident) return launch_decode_split<kTokenTiles, 1, kGateUp, kNv>(p, r, active_bound, stream);
+  if (4 * warps > resident) return launch_decode_split<kTokenTiles, 2, kGateUp, kNv>(p, r, active_bound, stream);
+  launch_decode_split<kTokenTiles, 4, kGateUp, kNv>(p, r, active_bound, stream);
 }
 
-template <bool kGateUp>
+template <bool kGateUp, bool kNv>
 void launch_decode_tokens(int64_t m, int64_t experts, const ExpertProduct& p, const Routing& r, int active_bound,
                           cudaStream_t stream) {
   // An expert gets at most m tokens (a row picks distinct experts); with many experts it
@@ -348,9 +349,9 @@ void launch_decode_tokens(int64_t m, int64_t experts, const ExpertProduct& p, co
   // twice the mean rather than the worst case: a wider pass costs registers, occupancy and the
   // token prefetch (kDecodePrefetchX) for every expert.
   const int64_t expect = std::min<int64_t>(m, ceil_div(2 * m * p.top_k, experts));
-  if (expect <= 8) return launch_decode<1, kGateUp>(p, r, active_bound, stream);
-  if (expect <= 16) return launch_decode<2, kGateUp>(p, r, active_bound, stream);
-  launch_decode<4, kGateUp>(p, r, active_bound, stream);
+  if (expect <= 8) return launch_decode<1, kGateUp, kNv>(p, r, active_bound, stream);
+  if (expect <= 16) return launch_decode<2, kGateUp, kNv>(p, r, active_bound, stream);
+  launch_decode<4, kGateUp, kNv>(p, r, active_bound, stream);
 }
 
 // 8 warps side by side along N (each decodes a distinct 16-row weight slice: no duplicated
@@ -359,30 +360,14 @@ void launch_decode_tokens(int64_t m, int64_t experts, const ExpertProduct& p, co
 template <int kBM>
 using MoeGemm = MoeGemmConfig<kBM, 1, 8, 3, 2>;
 
-// Dynamic shared memory above 48 KB must be granted per kernel and device, once; the grant is
-// the most any K up to kMoeGemmMaxK needs, so one serves every call. Keyed on the kernel itself
-// (not its type: every instantiation of a kernel template shares one).
-template <auto kKernel>
-void allow_smem() {
-  static std::mutex mutex;
-  static uint64_t done = 0;  // one bit per device index
-  int device = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-  if (bit != 0 && (done & bit)) return;
-  ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(MoeGemm<128>::smem_bytes(kMoeGemmMaxK))));
-  done |= bit;
-}
-
-template <int kBM, bool kGateUp>
+template <int kBM, bool kGateUp, bool kNv>
 void launch_gemm(const ExpertProduct& p, const Routing& r, int64_t max_tiles, cudaStream_t stream) {
   using Cfg = MoeGemm<kBM>;
-  constexpr auto kernel = moe_gemm_kernel<Cfg, kGateUp>;
-  allow_smem<kernel>();
+  constexpr auto kernel = moe_gemm_kernel<Cfg, kGateUp, kNv>;
+  // The grant covers every K up to kMoeGemmMaxK, so one serves every call.
+  allow_smem<kernel>(MoeGemm<128>::smem_bytes(kMoeGemmMaxK, kNv));
   const dim3 grid(unsigned(max_tiles), unsigned(ceil_div(p.n, Cfg::kBN)));
-  launch_chained(kernel, grid, Cfg::kThreads, Cfg::smem_bytes(p.k), stream, p, r);
+  launch_chained(kernel, grid, Cfg::kThreads, Cfg::smem_bytes(p.k, kNv), stream, p, r);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -412,30 +397,31 @@ void moe_topk_softmax(const float* logits, int64_t m, int64_t num_experts, int k
   ANVIL_CUDA_LAUNCHED();
 }
 
-size_t moe_mxfp4_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, int64_t hidden, int64_t intermediate) {
+size_t moe_fp4_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, int64_t hidden, int64_t intermediate) {
   if (max_rows < 0 || k < 1 || num_experts < 1 || hidden < 1 || intermediate < 1)
-    invalid("moe_mxfp4_workspace_bytes: bad shape");
+    invalid("moe_fp4_workspace_bytes: bad shape");
   return layout_for(max_rows, k, num_experts, hidden, intermediate).total;
 }
 
-void moe_mxfp4(const MoeMxfp4Weights& w, const uint16_t* h, int64_t m, int k, const int32_t* ids,
+void moe_fp4(const MoeFp4Weights& w, const uint16_t* h, int64_t m, int k, const int32_t* ids,
                const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream,
                const NextNorm* next_norm) {
   const int64_t E = w.num_experts, H = w.hidden, I = w.intermediate;
-  if (E < 1 || E > kMaxExperts) invalid("moe_mxfp4: 1..256 experts");
-  if (H < 32 || I < 32 || H % 32 != 0 || I % 32 != 0) invalid("moe_mxfp4: hidden and intermediate must be multiples of 32");
-  if (k < 1 || k > E || k > 32) invalid("moe_mxfp4: k must be in 1..min(32, experts)");
-  if (m < 0) invalid("moe_mxfp4: negative rows");
+  if (E < 1 || E > kMaxExperts) invalid("moe_fp4: 1..256 experts");
+  if (H < 32 || I < 32 || H % 32 != 0 || I % 32 != 0) invalid("moe_fp4: hidden and intermediate must be multiples of 32");
+  if (k < 1 || k > E || k > 32) invalid("moe_fp4: k must be in 1..min(32, experts)");
+  if (m < 0) invalid("moe_fp4: negative rows");
   if (m == 0) return;
-  if (m * k > INT32_MAX / 2 || 2 * I * E > INT32_MAX || H * E > INT32_MAX) invalid("moe_mxfp4: shape too large");
+  if (m * k > INT32_MAX / 2 || 2 * I * E > INT32_MAX || H * E > INT32_MAX) invalid("moe_fp4: shape too large");
+  const bool nv = w.format == Fp4Format::NVFP4;
   if (!w.gate_up_blocks || !w.gate_up_scales || !w.gate_up_bias || !w.down_blocks || !w.down_scales || !w.down_bias ||
-      !h || !ids || !route_weights || !residual || !workspace)
-    invalid("moe_mxfp4: null pointer");
+      !h || !ids || !route_weights || !residual || !workspace || (nv && (!w.gate_up_global || !w.down_global)))
+    invalid("moe_fp4: null pointer");
   if (!aligned16(w.gate_up_blocks) || !aligned16(w.down_blocks) || !aligned16(h) || !aligned16(residual) ||
       reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-    invalid("moe_mxfp4: weights, h, residual and workspace must be 16-byte aligned (workspace 256)");
+    invalid("moe_fp4: weights, h, residual and workspace must be 16-byte aligned (workspace 256)");
   const Layout l = layout_for(m, k, E, H, I);
-  if (workspace_bytes < l.total) invalid("moe_mxfp4: workspace too small for m rows (see moe_mxfp4_workspace_bytes)");
+  if (workspace_bytes < l.total) invalid("moe_fp4: workspace too small for m rows (see moe_fp4_workspace_bytes)");
 
   const cudaStream_t s = as_stream(stream);
   uint8_t* base = static_cast<uint8_t*>(workspace);
@@ -470,6 +456,7 @@ void moe_mxfp4(const MoeMxfp4Weights& w, const uint16_t* h, int64_t m, int k, co
   gate_up.blocks = w.gate_up_blocks;
   gate_up.scales = w.gate_up_scales;
   gate_up.bias = w.gate_up_bias;
+  gate_up.global = w.gate_up_global;
   gate_up.n = int(2 * I);
   gate_up.k = int(H);
   gate_up.top_k = k;
@@ -481,35 +468,43 @@ void moe_mxfp4(const MoeMxfp4Weights& w, const uint16_t* h, int64_t m, int k, co
   down.blocks = w.down_blocks;
   down.scales = w.down_scales;
   down.bias = w.down_bias;
+  down.global = w.down_global;
   down.n = int(H);
   down.k = int(I);
   down.top_k = k;
   down.out = y;
 
-  if (use_gemm) {
-    launch_chained(moe_gather_permute_kernel, unsigned(slots), 256, size_t(H) * 2, s, h, r, k, int(H), x_perm);
-    ANVIL_CUDA_LAUNCHED();
-    gate_up.a = x_perm;
-    // Tile-list bound for this tile size (<= l.max_tiles, which assumes the smallest tiles).
-    const int64_t max_tiles = (slots + std::min(E, slots) * (tile_rows - 1)) / tile_rows + 1;
-    if (tile_rows == 128) {
-      launch_gemm<128, true>(gate_up, r, max_tiles, s);
-      launch_gemm<128, false>(down, r, max_tiles, s);
+  auto products = [&](auto nv_tag) {
+    constexpr bool kNv = decltype(nv_tag)::value;
+    if (use_gemm) {
+      launch_chained(moe_gather_permute_kernel, unsigned(slots), 256, size_t(H) * 2, s, h, r, k, int(H), x_perm);
+      ANVIL_CUDA_LAUNCHED();
+      gate_up.a = x_perm;
+      // Tile-list bound for this tile size (<= l.max_tiles, which assumes the smallest tiles).
+      const int64_t max_tiles = (slots + std::min(E, slots) * (tile_rows - 1)) / tile_rows + 1;
+      if (tile_rows == 128) {
+        launch_gemm<128, true, kNv>(gate_up, r, max_tiles, s);
+        launch_gemm<128, false, kNv>(down, r, max_tiles, s);
+      } else {
+        launch_gemm<64, true, kNv>(gate_up, r, max_tiles, s);
+        launch_gemm<64, false, kNv>(down, r, max_tiles, s);
+      }
     } else {
-      launch_gemm<64, true>(gate_up, r, max_tiles, s);
-      launch_gemm<64, false>(down, r, max_tiles, s);
+      gate_up.a = h;
+      const int active_bound = int(std::min(E, slots));
+      launch_decode_tokens<true, kNv>(m, E, gate_up, r, active_bound, s);
+      launch_decode_tokens<false, kNv>(m, E, down, r, active_bound, s);
     }
-  } else {
-    gate_up.a = h;
-    const int active_bound = int(std::min(E, slots));
-    launch_decode_tokens<true>(m, E, gate_up, r, active_bound, s);
-    launch_decode_tokens<false>(m, E, down, r, active_bound, s);
-  }
+  };
+  if (nv)
+    products(std::true_type{});
+  else
+    products(std::false_type{});
 
   const int combine_threads = int(std::min<int64_t>(1024, ceil_div(H / 4, 32) * 32));
   const bool norm = next_norm != nullptr && next_norm->out != nullptr;
   if (norm && (!next_norm->weight || !aligned16(next_norm->weight)))
-    invalid("moe_mxfp4: next_norm needs a 16-byte aligned weight");
+    invalid("moe_fp4: next_norm needs a 16-byte aligned weight");
   launch_chained(moe_combine_kernel, unsigned(m), combine_threads, 0, s, y, ids, route_weights, k, int(E), int(H),
                  residual, norm ? next_norm->weight : nullptr, norm ? next_norm->eps : 0.0f,
                  norm ? next_norm->out : nullptr);
