@@ -52,8 +52,11 @@ bench() {  # bench NAME MODEL [extra bench-gpu flags...]; BENCH_BINARY overrides
 for model in $MODELS; do bench "$model" "$model" --profile; done
 # The attention projections quantized to FP8 at load (--quantize-dense fp8): half their bytes.
 for model in $MODELS; do bench "$model-fp8" "$model" --quantize-dense fp8 --batches 1,64; done
-# The experts re-quantized to NVFP4 at load (--quantize-experts nvfp4): a scale per 16 codes.
-for model in $MODELS; do bench "$model-nvfp4" "$model" --quantize-experts nvfp4 --batches 1,64; done
+# The experts re-quantized at load (--quantize-experts; runs named -xnvfp4, -xfp8): NVFP4 (a
+# scale per 16 codes), FP8 (a byte per weight and a scale per row).
+for model in $MODELS; do
+  for format in nvfp4 fp8; do bench "$model-x$format" "$model" --quantize-experts $format --batches 1,64; done
+done
 if [ -n "${ANVIL_BASE:-}" ]; then
   for model in $MODELS; do
     for round in 1 2; do
@@ -77,16 +80,16 @@ for line in log.splitlines():
     if re.match(r"\[  (PASSED|FAILED|SKIPPED) ", line) or "[ gpu fixture ]" in line or line.startswith("[  FAILED"):
         print(line)
 print("\n== benchmarks (dummy weights, bf16 attention and KV) ==")
-print(f"{'run':18} {'copy GB/s':>9} {'prefill tok/s':>13} {'b1':>7} {'b8':>7} {'b32':>7} {'b64':>7} {'b1 % ceil':>9} {'mem GiB':>8}")
+print(f"{'run':20} {'copy GB/s':>9} {'prefill tok/s':>13} {'b1':>7} {'b8':>7} {'b32':>7} {'b64':>7} {'b1 % ceil':>9} {'mem GiB':>8}")
 for model in sys.argv[2:]:
     path = out / f"bench-{model}.json"
     try:
         r = json.loads(path.read_text())
     except Exception:
-        print(f"{model:18} (no result)")
+        print(f"{model:20} (no result)")
         continue
     dec = {d["batch"]: d["tokens_per_s"] for d in r["decode"]}
-    print(f"{model:18} {r['copy_bandwidth_gbps']:9.0f} {r['prefill_tokens_per_s']:13.0f} "
+    print(f"{model:20} {r['copy_bandwidth_gbps']:9.0f} {r['prefill_tokens_per_s']:13.0f} "
           + " ".join(f"{dec.get(b, 0):7.0f}" for b in (1, 8, 32, 64))
           + f" {100 * r.get('decode_batch1_fraction_of_ceiling', 0):8.1f}% {r['memory_used_gib']:8.1f}")
 for model in sys.argv[2:]:

@@ -49,7 +49,8 @@ std::optional<WeightFormat> parse_quantize_experts(const std::string& value) {
   if (value == "none") return std::nullopt;
   if (value == "mxfp4") return WeightFormat::MXFP4;
   if (value == "nvfp4") return WeightFormat::NVFP4;
-  fail("--quantize-experts: '{}' is not one of none, mxfp4, nvfp4", value);
+  if (value == "fp8") return WeightFormat::FP8;
+  fail("--quantize-experts: '{}' is not one of none, mxfp4, nvfp4, fp8", value);
 }
 
 std::optional<WeightFormat> parse_quantize_dense(const std::string& value) {
@@ -121,9 +122,9 @@ void ModelLoadFlags::add_numerics_to(CLI::App& verb) {
   verb.add_option("--kv-cache-dtype", kv_cache_dtype, "CUDA KV cache: auto (follows --dtype), bfloat16, float32, fp8 (e4m3)");
   verb.add_flag("--enforce-eager", enforce_eager, "CUDA: run every step kernel by kernel (no CUDA graphs for decode)");
   verb.add_option("--quantize-experts", quantize_experts,
-                  "CPU: re-quantize the MoE experts at load: none (as stored), mxfp4 (E2M1 + E8M0 per 32; already "
-                  "so in gpt-oss) or nvfp4 (E2M1 + E4M3 per 16 + a per-tensor scale; gpt-oss re-quantizes its "
-                  "MXFP4 values)");
+                  "Re-quantize the MoE experts at load: none (as stored), mxfp4 (E2M1 + E8M0 per 32; already "
+                  "so in gpt-oss), nvfp4 (E2M1 + E4M3 per 16 + a per-tensor scale) or fp8 (E4M3, a scale per "
+                  "output row); gpt-oss re-quantizes its MXFP4 values. CPU, and CUDA for gpt-oss");
   verb.add_option("--quantize-dense", quantize_dense,
                   "Re-quantize the attention projections and dense MLPs at load: none, fp8 (E4M3, a scale "
                   "per output row; CPU and CUDA) or mxfp4 (CPU). Embeddings, lm_head, routers and norms always stay "

@@ -21,7 +21,7 @@ std::unique_ptr<Tokenizer> load_model_tokenizer(const std::filesystem::path& mod
 // EOS ids of config.json and generation_config.json together.
 std::vector<int32_t> model_eos_ids(const std::filesystem::path& model_dir, const ModelConfig& config);
 
-// --quantize-experts (none, mxfp4, nvfp4) and --quantize-dense (none, fp8, mxfp4) values; a
+// --quantize-experts (none, mxfp4, nvfp4, fp8) and --quantize-dense (none, fp8, mxfp4) values; a
 // one-line error naming the flag otherwise.
 std::optional<WeightFormat> parse_quantize_experts(const std::string& value);
 std::optional<WeightFormat> parse_quantize_dense(const std::string& value);

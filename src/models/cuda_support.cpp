@@ -142,12 +142,28 @@ void DeviceWeights::fill_u8(uint8_t* target, const std::string& name, const std:
   cuda::synchronize();
 }
 
-DeviceWeights::Fp4Experts DeviceWeights::fp4_experts(const std::string& prefix, int64_t experts, int64_t rows,
-                                                     int64_t in, bool nvfp4) {
-  Fp4Experts result;
+DeviceWeights::Experts DeviceWeights::experts(const std::string& prefix, int64_t experts, int64_t rows, int64_t in,
+                                              cuda::ExpertFormat format) {
+  Experts result;
+  if (format == cuda::ExpertFormat::FP8) {
+    // The MXFP4 codes and scales are staging only; FP8 codes take twice their bytes.
+    cuda::DeviceBuffer mx_codes(size_t(experts * rows * in / 2)), mx_scales(size_t(experts * rows * (in / 32)));
+    fill_u8(mx_codes.get<uint8_t>(), prefix + "_blocks", {experts, rows, in / 32, 16});
+    fill_u8(mx_scales.get<uint8_t>(), prefix + "_scales", {experts, rows, in / 32});
+    auto* codes = static_cast<uint8_t*>(allocate(size_t(experts * rows * in)));
+    auto* row_scales = static_cast<float*>(allocate(size_t(experts * rows) * sizeof(float)));
+    const int64_t bad = cuda::quantize_mxfp4_experts_to_fp8(mx_codes.get<uint8_t>(), mx_scales.get<uint8_t>(), experts,
+                                                            rows, in, codes, row_scales, nullptr);
+    if (bad >= 0)
+      fail("{}: expert {} row {} holds a non-finite weight, so the experts cannot be quantized to FP8", prefix,
+           bad / rows, bad % rows);
+    result.codes = codes;
+    result.global = row_scales;
+    return result;
+  }
   uint8_t* codes = upload_u8(prefix + "_blocks", {experts, rows, in / 32, 16});
   result.codes = codes;
-  if (!nvfp4) {
+  if (format == cuda::ExpertFormat::MXFP4) {
     result.scales = upload_u8(prefix + "_scales", {experts, rows, in / 32});
   } else {
     // The MXFP4 scales are only needed while the codes are re-quantized; the staging copy goes.

@@ -27,15 +27,15 @@ class DeviceWeights {
   // Raw bytes (MXFP4 scales).
   const uint8_t* u8(const std::string& name, const std::vector<int64_t>& shape);
   // A checkpoint's MXFP4 experts `prefix`_blocks [E, N, K/32, 16] and `prefix`_scales
-  // [E, N, K/32], with the codes rewritten into the device layout the MoE kernels read
-  // (mxfp4_pack_codes). With nvfp4 (--quantize-experts nvfp4), re-quantized on the device first,
-  // by the CPU quantizer's rule; fails naming the tensor on a non-finite weight.
-  struct Fp4Experts {
+  // [E, N, K/32] in `format`: as stored (MXFP4), or re-quantized on the device by the CPU
+  // quantizer's rule (--quantize-experts nvfp4 / fp8); the codes in the device layouts the MoE
+  // kernels read (cuda::ExpertFormat). Fails naming the tensor on a non-finite weight.
+  struct Experts {
     const uint8_t* codes = nullptr;
-    const uint8_t* scales = nullptr;
-    const float* global = nullptr;  // NVFP4: [E]
+    const uint8_t* scales = nullptr;  // MXFP4, NVFP4
+    const float* global = nullptr;    // NVFP4: [E]; FP8: row scales [E, N]
   };
-  Fp4Experts fp4_experts(const std::string& prefix, int64_t experts, int64_t rows, int64_t in, bool nvfp4);
+  Experts experts(const std::string& prefix, int64_t experts, int64_t rows, int64_t in, cuda::ExpertFormat format);
   // Small float tensors (norms, biases, sinks), through load_f32.
   const float* f32(const std::string& name, const std::vector<int64_t>& shape);
   const float* upload(const std::vector<float>& host);

@@ -30,8 +30,15 @@ struct GptOssCudaLayer {
   const float *qkv_bias, *o_bias, *router_bias;
   cuda::DenseWeight qkv_proj, o_proj;  // [out, in]; q, k, v stacked in one matrix
   const uint16_t* router;              // bf16 [E, H]
-  cuda::MoeFp4Weights experts;
+  cuda::QuantizedExperts experts;
 };
+
+// --quantize-experts on CUDA; the checkpoint's MXFP4 otherwise (mxfp4 is already what it holds).
+cuda::ExpertFormat cuda_expert_format(std::optional<WeightFormat> target) {
+  if (target == WeightFormat::NVFP4) return cuda::ExpertFormat::NVFP4;
+  if (target == WeightFormat::FP8) return cuda::ExpertFormat::FP8;
+  return cuda::ExpertFormat::MXFP4;
+}
 
 struct GptOssCuda {
   explicit GptOssCuda(WeightSource& source) : weights(source) {}
@@ -54,7 +61,7 @@ class GptOss : public Model {
       fail("gpt-oss hidden_size and intermediate_size must be multiples of 32");
 #if ANVIL_WITH_CUDA
     if (options.device == Device::Cuda) {
-      load_cuda(options.quantize_dense == WeightFormat::FP8, options.quantize_experts == WeightFormat::NVFP4);
+      load_cuda(options.quantize_dense == WeightFormat::FP8, cuda_expert_format(options.quantize_experts));
       cuda_->exact = options.dtype == ComputeDtype::F32;
       cuda_->runner.graphs_enabled = !options.enforce_eager;
       return;
@@ -69,17 +76,22 @@ class GptOss : public Model {
       const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim, h = c.hidden_size;
       const int64_t i = c.intermediate_size;
       // FP8 attention projections (--quantize-dense fp8): a byte per weight and a float per row.
-      // NVFP4 experts (--quantize-experts nvfp4): an E4M3 scale per 16 weights instead of 32.
-      bool fp8 = false, nvfp4 = false;
+      // Experts (--quantize-experts): per 32 weights, 16 bytes of FP4 codes and 1 (MXFP4) or 2
+      // (NVFP4) scale bytes, or 32 FP8 bytes and a row scale.
+      bool fp8 = false;
+      int expert_bytes_per_32 = 17;
 #if ANVIL_WITH_CUDA
       fp8 = cuda_ && !cuda_->layers.empty() && cuda_->layers[0].o_proj.format == cuda::DenseWeight::Format::FP8;
-      nvfp4 = cuda_ && !cuda_->layers.empty() && cuda_->layers[0].experts.format == cuda::Fp4Format::NVFP4;
+      if (cuda_ && !cuda_->layers.empty()) {
+        const cuda::ExpertFormat format = cuda_->layers[0].experts.format;
+        expert_bytes_per_32 = format == cuda::ExpertFormat::NVFP4 ? 18 : format == cuda::ExpertFormat::FP8 ? 32 : 17;
+      }
 #endif
       const int64_t projections = fp8 ? (q * h + 2 * kv * h + h * q) + 4 * (q + 2 * kv + h)
                                       : 2 * (q * h + 2 * kv * h + h * q);
       const int64_t attention = projections + 2 * c.num_experts * h;
-      // 16 bytes of codes and 1 (MXFP4) or 2 (NVFP4) scale bytes per 32 weights.
-      const int64_t expert = (2 * i * h + h * i) / 32 * (nvfp4 ? 18 : 17);
+      const int64_t expert = (2 * i * h + h * i) / 32 * expert_bytes_per_32 +
+                             (expert_bytes_per_32 == 32 ? 4 * (2 * i + h) : 0);
       return size_t(h * 2 + c.vocab_size * h * 2 + c.num_layers * (attention + c.num_experts_per_tok * expert));
     }
     size_t bytes = size_t(c.hidden_size) * 2 + lm_head_.weight_bytes();  // one embedding row + lm_head
@@ -235,8 +247,8 @@ class GptOss : public Model {
     float* router_logits = run.arena.get<float>(7, rows * experts);
     int32_t* expert_ids = run.arena.get<int32_t>(8, rows * top_k);
     float* expert_weights = run.arena.get<float>(9, rows * top_k);
-    const size_t moe_bytes = exact ? cuda::moe_fp4_f32_workspace_bytes(rows, int(top_k), c.intermediate_size)
-                                   : cuda::moe_fp4_workspace_bytes(rows, int(top_k), experts, hidden, c.intermediate_size);
+    const size_t moe_bytes = exact ? cuda::moe_quantized_f32_workspace_bytes(rows, int(top_k), c.intermediate_size)
+                                   : cuda::moe_quantized_workspace_bytes(rows, int(top_k), experts, hidden, c.intermediate_size);
     void* moe_workspace = run.arena.get<uint8_t>(10, int64_t(moe_bytes));
     const size_t attention_bytes = cuda::attention_workspace_bytes(rows, c.num_heads, head_dim);
     void* attention_workspace = run.arena.get_zeroed<uint8_t>(11, int64_t(attention_bytes), stream);
@@ -297,12 +309,12 @@ class GptOss : public Model {
       cuda::moe_topk_softmax(router_logits, rows, experts, int(top_k), expert_ids, expert_weights, stream);
       run.marks.record("top-k");
       if (exact) {
-        cuda::moe_fp4_f32(layer.experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace,
+        cuda::moe_quantized_f32(layer.experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace,
                             moe_bytes, stream);
       } else {
         // The combine also makes the next layer's input norm into h (which the experts are done with).
         cuda::NextNorm next{l + 1 < c.num_layers ? g.layers[size_t(l + 1)].input_norm : nullptr, eps, h};
-        cuda::moe_fp4(layer.experts, h, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace, moe_bytes,
+        cuda::moe_quantized(layer.experts, h, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace, moe_bytes,
                         stream, l + 1 < c.num_layers ? &next : nullptr);
       }
       run.marks.record("experts");
@@ -331,8 +343,8 @@ class GptOss : public Model {
   }
 
   // fp8: the attention projections quantized to FP8 on the device (--quantize-dense fp8).
-  // nvfp4: the experts re-quantized to NVFP4 on the device (--quantize-experts nvfp4).
-  void load_cuda(bool fp8, bool nvfp4) {
+  // experts: MXFP4 as stored, or re-quantized on the device (--quantize-experts nvfp4 / fp8).
+  void load_cuda(bool fp8, cuda::ExpertFormat experts_format) {
     const auto& c = config_;
     cuda_ = std::make_unique<GptOssCuda>(*weights_);
     DeviceWeights& w = cuda_->weights;
@@ -359,11 +371,11 @@ class GptOss : public Model {
       layer.qkv_bias = w.upload(qkv_bias);
       layer.o_bias = w.f32(p + ".self_attn.o_proj.bias", {hidden});
       layer.router_bias = w.f32(p + ".mlp.router.bias", {experts});
-      cuda::MoeFp4Weights& e = layer.experts;
+      cuda::QuantizedExperts& e = layer.experts;
       const std::string m = p + ".mlp.experts.";
-      const auto gate_up = w.fp4_experts(m + "gate_up_proj", experts, 2 * width, hidden, nvfp4);
-      const auto down = w.fp4_experts(m + "down_proj", experts, hidden, width, nvfp4);
-      e.format = nvfp4 ? cuda::Fp4Format::NVFP4 : cuda::Fp4Format::MXFP4;
+      const auto gate_up = w.experts(m + "gate_up_proj", experts, 2 * width, hidden, experts_format);
+      const auto down = w.experts(m + "down_proj", experts, hidden, width, experts_format);
+      e.format = experts_format;
       e.gate_up_blocks = gate_up.codes;
       e.gate_up_scales = gate_up.scales;
       e.gate_up_global = gate_up.global;

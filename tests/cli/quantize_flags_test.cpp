@@ -39,6 +39,9 @@ TEST(CliQuantizeFlags, GoodValuesRun) {
                                       " --prompt-ids 1,2,3 --max-tokens 4 --device cpu --quantize-experts nvfp4 "
                                       "--quantize-dense fp8");
   EXPECT_EQ(result.exit_code, 0) << result.err;
+  const auto fp8 = test::run_anvil("generate --model " + fixture("gpt-oss-tiny") +
+                                   " --prompt-ids 1,2,3 --max-tokens 4 --device cpu --quantize-experts fp8");
+  EXPECT_EQ(fp8.exit_code, 0) << fp8.err;
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 cd "$(dirname "$0")/../.."
 o=/tmp/g; mkdir -p $o
 flags="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Isrc"
-nvcc $flags -c src/backend/cuda/moe_fp4.cu -o $o/moe.o &
+nvcc $flags -c src/backend/cuda/moe_quantized.cu -o $o/moe.o &
 for D in ${DEPTHS:-4 6 8 10 12}; do
   nvcc $flags -DANVIL_GEMV_DEPTH1=$D -Xptxas -v -c tools/cuda-harness/harness.cu -o $o/h$D.o 2> $o/ptxas$D.txt &
 done

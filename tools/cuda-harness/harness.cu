@@ -1,4 +1,4 @@
-// Standalone check of linear_dense.cu (bf16 weights) and moe_fp4.cu on a GPU machine without the project's
+// Standalone check of linear_dense.cu (bf16 weights) and moe_quantized.cu on a GPU machine without the project's
 // host dependencies: CPU references (double), poisoned outputs, timings. Not part of the build.
 #include <cuda_runtime.h>
 
@@ -225,8 +225,8 @@ struct Moe {
     cudaFree(d_gs1);
     cudaFree(d_ds1);
   }
-  cuda::MoeFp4Weights weights() const {
-    cuda::MoeFp4Weights w;
+  cuda::QuantizedExperts weights() const {
+    cuda::QuantizedExperts w;
     w.gate_up_blocks = d_gb;
     w.gate_up_scales = shifted ? d_gs1 + 1 : d_gs;
     w.gate_up_bias = d_gbias;
@@ -330,12 +330,12 @@ static void moe_case(const Moe& ex, int64_t m, const std::vector<int32_t>& ids, 
   uint16_t* dh = dev(h);
   int32_t* di = dev(ids);
   float *dw = dev(rw), *dr = dev(res);
-  const size_t wsb = cuda::moe_fp4_workspace_bytes(m, ex.k, ex.E, ex.H, ex.I);
+  const size_t wsb = cuda::moe_quantized_workspace_bytes(m, ex.k, ex.E, ex.H, ex.I);
   void* ws;
   CK(cudaMalloc(&ws, wsb));
   CK(cudaMemset(ws, 0xff, wsb));
   const auto w = ex.weights();
-  cuda::moe_fp4(w, dh, m, ex.k, di, dw, dr, ws, wsb, nullptr);
+  cuda::moe_quantized(w, dh, m, ex.k, di, dw, dr, ws, wsb, nullptr);
   CK(cudaDeviceSynchronize());
   if (g_profile) {
     cudaFree(dh);
@@ -381,13 +381,13 @@ static void moe_case(const Moe& ex, int64_t m, const std::vector<int32_t>& ids, 
   // Determinism: same inputs twice give identical bits.
   {
     CK(cudaMemcpy(dr, res.data(), res.size() * 4, cudaMemcpyHostToDevice));
-    cuda::moe_fp4(w, dh, m, ex.k, di, dw, dr, ws, wsb, nullptr);
+    cuda::moe_quantized(w, dh, m, ex.k, di, dw, dr, ws, wsb, nullptr);
     std::vector<float> again(res.size());
     CK(cudaMemcpy(again.data(), dr, again.size() * 4, cudaMemcpyDeviceToHost));
     check(std::memcmp(again.data(), out.data(), out.size() * 4) == 0, std::string(name) + " not deterministic");
   }
   if (runs > 0) {
-    const double ms = median_ms([&] { cuda::moe_fp4(w, dh, m, ex.k, di, dw, dr, ws, wsb, nullptr); }, runs);
+    const double ms = median_ms([&] { cuda::moe_quantized(w, dh, m, ex.k, di, dw, dr, ws, wsb, nullptr); }, runs);
     const std::set<int32_t> active(ids.begin(), ids.end());
     const double bytes = double(active.size()) * double(ex.expert_bytes());
     const double flops = 2.0 * double(m * ex.k) * 3.0 * double(ex.H) * double(ex.I);

@@ -9,7 +9,7 @@ nvcc $flags -c tools/cuda-harness/harness.cu -o $o/harness.o &
 for V in $VARIANTS; do
   IFS=_ read a b c <<< "$V"
   nvcc $flags -DANVIL_DECODE_MINB1=$a -DANVIL_DECODE_STAGES=$b -DANVIL_DECODE_PREFETCH_TILES=$c -Xptxas -v \
-    -c src/backend/cuda/moe_fp4.cu -o $o/moe_$V.o 2> $o/ptxas_$V.txt &
+    -c src/backend/cuda/moe_quantized.cu -o $o/moe_$V.o 2> $o/ptxas_$V.txt &
 done
 wait
 for V in $VARIANTS; do

@@ -35,4 +35,15 @@ ANVIL_HOST_DEVICE constexpr uint32_t high_pair_raw(uint32_t word) {
 
 constexpr uint32_t kRawToValue = 0x7B807B80u;  // bf16 2^120 in both halves
 
+// The MoE kernels' layout of FP8 experts (rows of [E, N, K], made by
+// cuda::quantize_mxfp4_experts_to_fp8). The FP4 kernels' k order, so both formats share the
+// activation order of the decode kernel and of the prefill GEMM's gathered rows: in each 16-byte
+// lane block (16 consecutive k, c = k % 16), decoded pair j (0-7) is c = (8(j/4) + j%4, that + 4),
+// as a device-layout MXFP4 word's pairs are, and word q holds pair 2q in bytes 0 and 2
+// (low_pair_raw) and pair 2q+1 in bytes 1 and 3 (high_pair_raw).
+ANVIL_HOST_DEVICE constexpr int expert_position(int k) {
+  const int c = k % kGroup, half = c / 8, second = (c / 4) % 2, pair = 4 * half + c % 4;
+  return k - c + 4 * (pair / 2) + pair % 2 + 2 * second;
+}
+
 }  // namespace anvil::cuda::fp8

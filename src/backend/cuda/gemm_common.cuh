@@ -1,5 +1,5 @@
 #pragma once
-// Building blocks shared by the matrix kernels (linear_dense.cu, moe_fp4.cu): asynchronous
+// Building blocks shared by the matrix kernels (linear_dense.cu, moe_quantized.cu): asynchronous
 // copies, ldmatrix, the bf16 tensor-core product and the shared-memory swizzle. Everything here is
 // plain sm_80 PTX, so the same kernels run from Ampere to SM120 (which has no wgmma).
 #include <cuda_bf16.h>

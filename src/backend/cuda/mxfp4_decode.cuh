@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/mxfp4_common.cuh"
 #include "backend/cuda/mxfp4_moe.cuh"
@@ -44,9 +45,10 @@ constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 4 * ANVIL_DECODE_MINB1;
 // busy when few experts are active (batch 1).
 // Occupancy: 8 warps per SM with 2+ token tiles, 16 with one (128-register cap, 8-16 bytes of
 // spills, still measured faster than 12 warps without spills).
-// kNv: NVFP4 scales (two E4M3 bytes per lane block, one per word pair, and the expert's global
-// scale on the sum) instead of MXFP4's one E8M0 byte.
-template <int kTokenTiles, int kSplitK, bool kGateUp, bool kNv>
+// kKind: MXFP4 (one E8M0 scale per 32-code lane block); NVFP4 (two E4M3 bytes per lane block, one
+// per word pair, and the expert's global scale on the sum); FP8 (E4M3 codes, 16 per lane block,
+// so a chunk covers 64 k instead of 128, and a row scale on the sum).
+template <int kTokenTiles, int kSplitK, bool kGateUp, Kind kKind>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVIL_DECODE_MINB1)
     moe_decode_kernel(ExpertProduct p, Routing r) {
   // gate_up needs the routing its predecessor just wrote. down needs from its predecessor
@@ -60,6 +62,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     release_dependents();
   }
   static_assert(kDecodeWarps % kSplitK == 0, "k split within a block");
+  constexpr bool kNv = kKind == Kind::Nvfp4, kFp8 = kKind == Kind::Fp8;
+  // Per chunk a lane reads 16 bytes of each of its two rows: 32 FP4 codes or 16 FP8 codes, and the
+  // matching activations as kXLoads 16-byte loads.
+  constexpr int kChunkK = kFp8 ? 64 : 128, kXLoads = kChunkK / 32;
   using namespace gemm;
   using namespace mxfp4;
   auto routing = [](const int32_t* at) { return kGateUp ? *at : __ldcg(at); };
@@ -70,15 +76,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kpart = warp % kSplitK;
   const int row0 = (blockIdx.x * (kDecodeWarps / kSplitK) + warp / kSplitK) * 16;
-  const int blocks_per_row = p.k / 32;
-  const int scale_cols = kNv ? p.k / 16 : blocks_per_row;
-  const int chunks = (blocks_per_row + 3) / 4;
+  const int row_bytes = kFp8 ? p.k : p.k / 2, lane_blocks = row_bytes / 16;
+  const int scale_cols = kFp8 ? 0 : kNv ? p.k / 16 : p.k / 32;
+  const int chunks = (lane_blocks + 3) / 4;
   const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
   // Rows past N read row N-1 (never stored), so the loop needs no row test.
   const int row_a = min(row0 + g, p.n - 1), row_b = min(row0 + g + 8, p.n - 1);
   const int64_t base_a = int64_t(expert) * p.n + row_a, base_b = int64_t(expert) * p.n + row_b;
-  const uint8_t* wa = p.blocks + base_a * blocks_per_row * 16 + t * 16;
-  const uint8_t* wb = p.blocks + base_b * blocks_per_row * 16 + t * 16;
+  const uint8_t* wa = p.blocks + base_a * row_bytes + t * 16;
+  const uint8_t* wb = p.blocks + base_b * row_bytes + t * 16;
   // This warp's scales for all of k: 16 rows x scale_cols bytes in dynamic shared memory (the
   // launcher sizes it kDecodeWarps * 16 * scale_cols). Read from global memory once per block, before the first
   // chunk, instead of one DRAM byte load per chunk with one chunk of lookahead. (Measured on an
@@ -98,7 +104,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
 
   // Chunk i of this warp is c = kpart + i * kSplitK; lane quad t takes its block 4c + t. Chunks
   // past the end are zero-filled / zero without touching memory (the product then adds nothing).
-  auto chunk_ok = [&](int i) { return i < my_chunks && 4 * (kpart + i * kSplitK) + t < blocks_per_row; };
+  auto chunk_ok = [&](int i) { return i < my_chunks && 4 * (kpart + i * kSplitK) + t < lane_blocks; };
   auto issue_weights = [&](int i) {
     const int c = kpart + i * kSplitK;
     const bool ok = chunk_ok(i);
@@ -114,7 +120,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   auto load_scales = [&](int i) {
     const int c = kpart + i * kSplitK;
     const bool ok = chunk_ok(i);  // past the end: another warp's bytes or none; never indexed
-    if constexpr (kNv)  // 2-byte aligned: scale_cols is even
+    if constexpr (kFp8)
+      return Scales{0u, 0u};
+    else if constexpr (kNv)  // 2-byte aligned: scale_cols is even
       return Scales{ok ? uint32_t(*reinterpret_cast<const uint16_t*>(sa + c * 8)) : 0u,
                     ok ? uint32_t(*reinterpret_cast<const uint16_t*>(sb + c * 8)) : 0u};
     else
@@ -123,54 +131,75 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   // Token columns past the expert's count read the first token's row: the mma keeps columns
   // apart, and those columns are never stored.
   const uint16_t* xr[kTokenTiles];
-  auto load_tokens = [&](int i, uint4 (&dst)[kTokenTiles][4]) {
+  auto load_tokens = [&](int i, uint4 (&dst)[kTokenTiles][kXLoads]) {
     const int c = kpart + i * kSplitK;
     const bool ok = chunk_ok(i);
 #pragma unroll
     for (int n = 0; n < kTokenTiles; ++n)
 #pragma unroll
-      for (int w = 0; w < 4; ++w) dst[n][w] = load_cached_16(xr[n] + c * 128 + w * 8, ok);
+      for (int w = 0; w < kXLoads; ++w) dst[n][w] = load_cached_16(xr[n] + c * kChunkK + w * 8, ok);
   };
   // Two accumulator sets (even / odd words) halve the chain of dependent mma per chunk.
   float acc[2][kTokenTiles][4];
-  // One chunk: word w of the lane's block feeds mma steps 2w, 2w+1 (mxfp4_common.cuh).
-  auto multiply = [&](const uint4& wa4, const uint4& wb4, Scales sc, const uint4 (&xs)[kTokenTiles][4], auto big_tag) {
-    constexpr bool kBig = decltype(big_tag)::value && !kNv;
-    // mul_*[0] serves words 0-1, mul_*[1] words 2-3 (the same multiplier for MXFP4).
-    uint32_t mul_a[2], mul_b[2], high_a = 0, high_b = 0;
-    if constexpr (kNv) {
-      mul_a[0] = nvfp4_multiplier(sc.a & 0xFFu);
-      mul_a[1] = nvfp4_multiplier(sc.a >> 8);
-      mul_b[0] = nvfp4_multiplier(sc.b & 0xFFu);
-      mul_b[1] = nvfp4_multiplier(sc.b >> 8);
-    } else {
-      mul_a[0] = mul_a[1] = scale_multiplier(sc.a);
-      mul_b[0] = mul_b[1] = scale_multiplier(sc.b);
-      high_a = scale_multiplier_high(sc.a);
-      high_b = scale_multiplier_high(sc.b);
-    }
-    const uint32_t words_a[4] = {wa4.x, wa4.y, wa4.z, wa4.w};
-    const uint32_t words_b[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
+  // One chunk: word w of the lane's block feeds mma steps 2w, 2w+1 (mxfp4_common.cuh); an FP8
+  // word q feeds step q, its pairs (fp8_layout.h, expert_position) matching activations
+  // (8(q/2) + 2(q%2) + {0, 1}, that + 4), as FP4 step q does.
+  auto multiply = [&](const uint4& wa4, const uint4& wb4, Scales sc, const uint4 (&xs)[kTokenTiles][kXLoads],
+                      auto big_tag) {
+    if constexpr (kFp8) {
+      const uint32_t words_a[4] = {wa4.x, wa4.y, wa4.z, wa4.w};
+      const uint32_t words_b[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      uint32_t pa[4], pb[4];
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t a_lo = bf16x2_mul(fp8::low_pair_raw(words_a[q]), fp8::kRawToValue);
+        const uint32_t a_hi = bf16x2_mul(fp8::high_pair_raw(words_a[q]), fp8::kRawToValue);
+        const uint32_t b_lo = bf16x2_mul(fp8::low_pair_raw(words_b[q]), fp8::kRawToValue);
+        const uint32_t b_hi = bf16x2_mul(fp8::high_pair_raw(words_b[q]), fp8::kRawToValue);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        pa[i] = decode_pair<kBig>(words_a[w], i, mul_a[w / 2], high_a);
-        pb[i] = decode_pair<kBig>(words_b[w], i, mul_b[w / 2], high_b);
-      }
-#pragma unroll
-      for (int n = 0; n < kTokenTiles; ++n)
-#pragma unroll
-        for (int odd = 0; odd < 2; ++odd) {
-          uint32_t b0, b1;
-          activation_pairs(xs[n][w], odd, b0, b1);
-          mma_bf16_16816(acc[w % 2][n], pa[2 * odd], pb[2 * odd], pa[2 * odd + 1], pb[2 * odd + 1], b0, b1);
+        for (int n = 0; n < kTokenTiles; ++n) {
+          uint32_t x0, x1;
+          activation_pairs(xs[n][q / 2], q % 2, x0, x1);
+          mma_bf16_16816(acc[q % 2][n], a_lo, b_lo, a_hi, b_hi, x0, x1);
         }
+      }
+    } else {
+      constexpr bool kBig = decltype(big_tag)::value && !kNv;
+      // mul_*[0] serves words 0-1, mul_*[1] words 2-3 (the same multiplier for MXFP4).
+      uint32_t mul_a[2], mul_b[2], high_a = 0, high_b = 0;
+      if constexpr (kNv) {
+        mul_a[0] = nvfp4_multiplier(sc.a & 0xFFu);
+        mul_a[1] = nvfp4_multiplier(sc.a >> 8);
+        mul_b[0] = nvfp4_multiplier(sc.b & 0xFFu);
+        mul_b[1] = nvfp4_multiplier(sc.b >> 8);
+      } else {
+        mul_a[0] = mul_a[1] = scale_multiplier(sc.a);
+        mul_b[0] = mul_b[1] = scale_multiplier(sc.b);
+        high_a = scale_multiplier_high(sc.a);
+        high_b = scale_multiplier_high(sc.b);
+      }
+      const uint32_t words_a[4] = {wa4.x, wa4.y, wa4.z, wa4.w};
+      const uint32_t words_b[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t pa[4], pb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          pa[i] = decode_pair<kBig>(words_a[w], i, mul_a[w / 2], high_a);
+          pb[i] = decode_pair<kBig>(words_b[w], i, mul_b[w / 2], high_b);
+        }
+#pragma unroll
+        for (int n = 0; n < kTokenTiles; ++n)
+#pragma unroll
+          for (int odd = 0; odd < 2; ++odd) {
+            uint32_t b0, b1;
+            activation_pairs(xs[n][w], odd, b0, b1);
+            mma_bf16_16816(acc[w % 2][n], pa[2 * odd], pb[2 * odd], pa[2 * odd + 1], pb[2 * odd + 1], b0, b1);
+          }
+      }
     }
   };
   // Step i (warp-uniform): refill the ring, wait for chunk i, multiply it.
-  auto step = [&](int i, Scales sc, const uint4 (&xs)[kTokenTiles][4]) {
+  auto step = [&](int i, Scales sc, const uint4 (&xs)[kTokenTiles][kXLoads]) {
     issue_weights(i + kDecodeStages - 1);
     cp_async_wait<kDecodeStages - 1>();
     const int stage = i % kDecodeStages;
@@ -224,7 +253,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   // The first pass's weights start streaming before the token list is read.
   for (int j = 0; j < kDecodeStages - 1; ++j) issue_weights(j);
   const int begin = routing(r.offsets + expert), count = routing(r.offsets + expert + 1) - begin;
-  stage_scales();
+  if constexpr (!kFp8) stage_scales();
   if constexpr (!kGateUp) {
     wait_for_predecessor();
     release_dependents();
@@ -234,7 +263,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     for (int n = 0; n < kTokenTiles; ++n) {
       const int token = tok0 + n * 8 + g < count ? tok0 + n * 8 + g : 0;
       const int64_t row = kGateUp ? r.sorted_slot[begin + token] / p.top_k : int64_t(begin + token);
-      xr[n] = p.a + row * p.k + t * 32;
+      xr[n] = p.a + row * p.k + t * (kChunkK / 4);
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[0][n][j] = acc[1][n][j] = 0.0f;
     }
@@ -244,7 +273,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     if constexpr (kDecodePrefetchX<kTokenTiles>) {
       // Two chunks per iteration, so the token double buffer's index is a constant.
       Scales sc[2];
-      uint4 xs[2][kTokenTiles][4];
+      uint4 xs[2][kTokenTiles][kXLoads];
       sc[0] = load_scales(0);
       load_tokens(0, xs[0]);
       for (int i = 0; i < my_chunks; i += 2) {
@@ -259,7 +288,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
       }
     } else {
       for (int i = 0; i < my_chunks; ++i) {
-        uint4 xs[kTokenTiles][4];
+        uint4 xs[kTokenTiles][kXLoads];
         load_tokens(i, xs);
         step(i, load_scales(i), xs);
       }
@@ -295,12 +324,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
       const bool ok_a = row0 + g < p.n, ok_b = row0 + g + 8 < p.n;
       const float bias_a = ok_a ? p.bias[int64_t(expert) * p.n + row0 + g] : 0.0f;
       const float bias_b = ok_b ? p.bias[int64_t(expert) * p.n + row0 + g + 8] : 0.0f;
-      const float global = kNv ? p.global[expert] * 512.0f : 1.0f;  // NVFP4 pairs are value · 2^-9
+      // NVFP4 pairs are value · 2^-9 (times the expert's global scale); FP8 rows have a scale each.
+      float scale_a = 1.0f, scale_b = 1.0f;
+      if constexpr (kNv) scale_a = scale_b = p.global[expert] * 512.0f;
+      if constexpr (kFp8) {
+        scale_a = ok_a ? p.global[int64_t(expert) * p.n + row0 + g] : 0.0f;
+        scale_b = ok_b ? p.global[int64_t(expert) * p.n + row0 + g + 8] : 0.0f;
+      }
 #pragma unroll
       for (int n = 0; n < kTokenTiles; ++n) {
         float v[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) v[j] = (kNv ? acc[0][n][j] * global : acc[0][n][j]) + (j < 2 ? bias_a : bias_b);
+        for (int j = 0; j < 4; ++j)
+          v[j] = (kNv || kFp8 ? acc[0][n][j] * (j < 2 ? scale_a : scale_b) : acc[0][n][j]) + (j < 2 ? bias_a : bias_b);
         if constexpr (kGateUp) {
           // Gate rows are even, up rows odd: row g + 1 lives four lanes up.
           float up[4];

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/mxfp4_common.cuh"
 #include "backend/cuda/mxfp4_moe.cuh"
@@ -21,13 +22,18 @@ struct MoeGemmConfig {
   static constexpr int kWarpM = kBM / kWarpsM, kWarpN = kBN / kWarpsN;
   static constexpr int kMTiles = kWarpM / 16, kNTiles = kWarpN / 8;
   static constexpr int kABytes = kBM * kBK * 2;  // one stage of activations, 128-byte rows
-  static constexpr int kBBytes = kBN * kBK / 2;  // one stage of weight codes, 32-byte rows
-  static constexpr int kStageBytes = kABytes + kBBytes;
+  // One stage of weight codes: 32-byte rows of FP4, 64-byte rows of FP8.
+  template <Kind K>
+  static constexpr int kBBytes = kBN * kBK / (K == Kind::Fp8 ? 1 : 2);
+  template <Kind K>
+  static constexpr int kStageBytes = kABytes + kBBytes<K>;
   static_assert(kThreads == 256 && kWarpM % 16 == 0 && kWarpN % 8 == 0, "8 warps tile the block");
   // Plus the block's scales for all of K, bytes kBN * K/32 (MXFP4) or kBN * K/16 (NVFP4), rounded
-  // to 16.
-  static size_t smem_bytes(int k, bool nv) {
-    return size_t(kStages) * kStageBytes + size_t((kBN * (k / (nv ? 16 : 32)) + 15) / 16 * 16);
+  // to 16 (FP8 has row scales only).
+  static size_t smem_bytes(int k, Kind kind) {
+    const int scale_cols = kind == Kind::Fp8 ? 0 : k / (kind == Kind::Nvfp4 ? 16 : 32);
+    return size_t(kStages) * (kind == Kind::Fp8 ? kStageBytes<Kind::Fp8> : kStageBytes<Kind::Mxfp4>) +
+           size_t((kBN * scale_cols + 15) / 16 * 16);
   }
 };
 
@@ -35,14 +41,18 @@ struct MoeGemmConfig {
 // NVFP4's table).
 constexpr int kMoeGemmMaxK = 4096;
 
-// kNv: NVFP4 (an E4M3 scale per 16 codes, which is exactly one lane quad's bytes of a k tile, and
-// the expert's global scale on the sum) instead of MXFP4 (an E8M0 scale per 32).
-template <typename Cfg, bool kGateUp, bool kNv>
+// kKind: MXFP4 (an E8M0 scale per 32 codes); NVFP4 (an E4M3 scale per 16 codes, which is exactly
+// one lane quad's bytes of a k tile, and the expert's global scale on the sum); FP8 (16 bytes per
+// lane quad and k tile, in the expert layout of fp8_layout.h, and a row scale on the sum).
+template <typename Cfg, bool kGateUp, Kind kKind>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     moe_gemm_kernel(ExpertProduct p, Routing r) {
   wait_for_predecessor();
   release_dependents();
   constexpr int kBM = Cfg::kBM;
+  constexpr bool kNv = kKind == Kind::Nvfp4, kFp8 = kKind == Kind::Fp8;
+  constexpr int kStageBytes = Cfg::template kStageBytes<kKind>;
+  constexpr int kRowBytes = Cfg::kBK / (kFp8 ? 1 : 2);  // of one weight row per k tile
   using namespace gemm;
   using namespace mxfp4;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -56,13 +66,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
   const int g = lane / 4, t = lane % 4;
-  const int blocks_per_row = p.k / 32;  // 32-code blocks of the code layout
-  const int scale_cols = kNv ? p.k / 16 : blocks_per_row;
+  const int scale_cols = kFp8 ? 0 : kNv ? p.k / 16 : p.k / 32;
   const int k_tiles = p.k / Cfg::kBK;
 
   // The block's scales for every k: [kBN][scale_cols] bytes, behind the pipeline stages. Plain
   // loads; the first barrier of the main loop publishes them.
-  uint8_t* scale_table = smem + Cfg::kStages * Cfg::kStageBytes;
+  uint8_t* scale_table = smem + Cfg::kStages * kStageBytes;
   {
     const int valid_rows = min(Cfg::kBN, p.n - n0);
     const uint8_t* src = p.scales + (int64_t(expert) * p.n + n0) * scale_cols;
@@ -83,19 +92,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     a_src[i] = p.a + int64_t(row_begin + (a_ok[i] ? row : 0)) * p.k + a_chunk * 8;
     a_dst[i] = uint32_t(row * 128 + swizzle<8>(row, a_chunk) * 16);
   }
-  static_assert(Cfg::kBN * 2 == Cfg::kThreads, "one weight chunk per thread per stage");
-  const int b_row = tid / 2, b_half = tid % 2;
+  // Weights: two threads per row, each copying kBLoads 16-byte chunks (a row is 32 bytes of FP4 or
+  // 64 of FP8 per k tile).
+  static_assert(Cfg::kBN * 2 == Cfg::kThreads, "two threads per weight row");
+  constexpr int kBLoads = kRowBytes / 32;
+  const int b_row = tid / 2, b_part = tid % 2;
   const bool b_ok = n0 + b_row < p.n;
-  const uint8_t* b_src =
-      p.blocks + ((int64_t(expert) * p.n + n0 + (b_ok ? b_row : 0)) * blocks_per_row) * 16 + b_half * 16;
-  const uint32_t b_dst = uint32_t(Cfg::kABytes + b_row * 32 + b_half * 16);
+  const uint8_t* b_src = p.blocks + (int64_t(expert) * p.n + n0 + (b_ok ? b_row : 0)) * (int64_t(p.k) * kRowBytes / Cfg::kBK) +
+                         b_part * 16 * kBLoads;
+  const uint32_t b_dst = uint32_t(Cfg::kABytes + b_row * kRowBytes + b_part * 16 * kBLoads);
 
   const uint32_t smem_base = smem_u32(smem);
   auto load_stage = [&](int stage, int kt) {
-    const uint32_t base = smem_base + uint32_t(stage * Cfg::kStageBytes);
+    const uint32_t base = smem_base + uint32_t(stage * kStageBytes);
 #pragma unroll
     for (int i = 0; i < kALoads; ++i) cp_async_16(base + a_dst[i], a_ok[i] ? a_src[i] + kt * Cfg::kBK : p.a, a_ok[i]);
-    cp_async_16(base + b_dst, b_ok ? b_src + kt * 32 : p.blocks, b_ok);
+#pragma unroll
+    for (int i = 0; i < kBLoads; ++i)
+      cp_async_16(base + b_dst + 16 * i, b_ok ? b_src + kt * kRowBytes + 16 * i : p.blocks, b_ok);
   };
 
   float acc[Cfg::kMTiles][Cfg::kNTiles][4] = {};
@@ -117,28 +131,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     cp_async_commit();
 
     const int stage = kt % Cfg::kStages;
-    const uint8_t* b_tile = smem + stage * Cfg::kStageBytes + Cfg::kABytes;
-    const uint32_t a_base = smem_base + uint32_t(stage * Cfg::kStageBytes);
+    const uint8_t* b_tile = smem + stage * kStageBytes + Cfg::kABytes;
+    const uint32_t a_base = smem_base + uint32_t(stage * kStageBytes);
 
-    // This lane's weight bytes for the k tile (8 per row: codes 16t..16t+15, one scale block).
-    uint2 words[Cfg::kNTiles];
+    // This lane's weight bytes for the k tile: codes 16t..16t+15 of each of its rows, 8 bytes of
+    // FP4 (one NVFP4 scale block, half an MXFP4 one) or 16 of FP8.
+    uint4 words[Cfg::kNTiles];
     uint32_t scale[Cfg::kNTiles];
     bool any_big = false;
 #pragma unroll
     for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
       const int row = w_row0 + nt * 8;
-      words[nt] = *reinterpret_cast<const uint2*>(b_tile + row * 32 + t * 8);
-      scale[nt] = kNv ? scale_table[row * scale_cols + 4 * kt + t] : scale_table[row * scale_cols + 2 * kt + t / 2];
-      any_big |= !kNv && scale[nt] > 128;
+      if constexpr (kFp8) {
+        words[nt] = *reinterpret_cast<const uint4*>(b_tile + row * kRowBytes + t * 16);
+        scale[nt] = 0;
+      } else {
+        const uint2 w2 = *reinterpret_cast<const uint2*>(b_tile + row * kRowBytes + t * 8);
+        words[nt] = make_uint4(w2.x, w2.y, 0u, 0u);
+        scale[nt] = kNv ? scale_table[row * scale_cols + 4 * kt + t] : scale_table[row * scale_cols + 2 * kt + t / 2];
+      }
+      any_big |= kKind == Kind::Mxfp4 && scale[nt] > 128;
     }
     // k16 step s takes pairs P[2s], P[2s+1] (P[j] = word j/4, pair j%4), decoded just before use
     // so the decode of one step overlaps the products of the previous.
     auto steps = [&](auto big_tag) {
-      constexpr bool kBig = decltype(big_tag)::value && !kNv;
+      [[maybe_unused]] constexpr bool kBig = decltype(big_tag)::value && kKind == Kind::Mxfp4;
       uint32_t mul[Cfg::kNTiles], high[Cfg::kNTiles];
 #pragma unroll
       for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
-        mul[nt] = kNv ? nvfp4_multiplier(scale[nt]) : scale_multiplier(scale[nt]);
+        mul[nt] = kNv ? nvfp4_multiplier(scale[nt]) : kFp8 ? fp8::kRawToValue : scale_multiplier(scale[nt]);
         high[nt] = scale_multiplier_high(scale[nt]);
       }
 #pragma unroll
@@ -152,9 +173,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         }
 #pragma unroll
         for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
-          const uint32_t word = ks < 2 ? words[nt].x : words[nt].y;
-          const uint32_t b0 = decode_pair<kBig>(word, 2 * (ks % 2), mul[nt], high[nt]);
-          const uint32_t b1 = decode_pair<kBig>(word, 2 * (ks % 2) + 1, mul[nt], high[nt]);
+          uint32_t b0, b1;
+          if constexpr (kFp8) {  // word ks: pairs 2ks (low) and 2ks+1 (high)
+            const uint32_t word = ks == 0 ? words[nt].x : ks == 1 ? words[nt].y : ks == 2 ? words[nt].z : words[nt].w;
+            b0 = bf16x2_mul(fp8::low_pair_raw(word), mul[nt]);
+            b1 = bf16x2_mul(fp8::high_pair_raw(word), mul[nt]);
+          } else {
+            const uint32_t word = ks < 2 ? words[nt].x : words[nt].y;
+            b0 = decode_pair<kBig>(word, 2 * (ks % 2), mul[nt], high[nt]);
+            b1 = decode_pair<kBig>(word, 2 * (ks % 2) + 1, mul[nt], high[nt]);
+          }
 #pragma unroll
           for (int mt = 0; mt < Cfg::kMTiles; ++mt)
             mma_bf16_16816(acc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
@@ -162,7 +190,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
     };
     // MXFP4 scales above 128 need a second multiply; the vote keeps the branch warp-uniform.
-    if (!kNv && __any_sync(0xffffffffu, any_big))
+    if (kKind == Kind::Mxfp4 && __any_sync(0xffffffffu, any_big))
       steps(std::true_type{});
     else
       steps(std::false_type{});
@@ -171,20 +199,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // acc[mt][nt] = {D[r][c], D[r][c+1], D[r+8][c], D[r+8][c+1]}: rows are sorted positions,
   // columns weight rows c = n0 + warp_n * kWarpN + nt * 8 + 2t (even: a gate/up pair for gate_up).
-  const float global = kNv ? p.global[expert] * 512.0f : 1.0f;  // NVFP4 pairs are value · 2^-9
+  // NVFP4 pairs are value · 2^-9 (times the expert's global scale); FP8 rows have a scale each.
+  const float global = kNv ? p.global[expert] * 512.0f : 1.0f;
 #pragma unroll
   for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
     const int col = n0 + warp_n * Cfg::kWarpN + nt * 8 + 2 * t;
     if (col >= p.n) continue;  // N is even, so col + 1 < N too
     const float bias0 = p.bias[int64_t(expert) * p.n + col], bias1 = p.bias[int64_t(expert) * p.n + col + 1];
+    const float scale0 = kFp8 ? p.global[int64_t(expert) * p.n + col] : global;
+    const float scale1 = kFp8 ? p.global[int64_t(expert) * p.n + col + 1] : global;
 #pragma unroll
     for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = warp_m * Cfg::kWarpM + mt * 16 + g + half * 8;
         if (row >= rows) continue;
-        const float v0 = (kNv ? acc[mt][nt][2 * half] * global : acc[mt][nt][2 * half]) + bias0;
-        const float v1 = (kNv ? acc[mt][nt][2 * half + 1] * global : acc[mt][nt][2 * half + 1]) + bias1;
+        const float v0 = (kNv || kFp8 ? acc[mt][nt][2 * half] * scale0 : acc[mt][nt][2 * half]) + bias0;
+        const float v1 = (kNv || kFp8 ? acc[mt][nt][2 * half + 1] * scale1 : acc[mt][nt][2 * half + 1]) + bias1;
         const int64_t position = row_begin + row;
         if constexpr (kGateUp) {
           const int j = col / 2, width = p.n / 2;

@@ -4,6 +4,9 @@
 
 namespace anvil::cuda::moe {
 
+// The weight formats the kernels are instantiated for (cuda::ExpertFormat).
+enum class Kind { Mxfp4, Nvfp4, Fp8 };
+
 // Routing header fields (int32 each).
 enum Header : int { kTotalSlots = 0, kNumActive = 1, kNumTiles = 2, kHeaderInts = 4 };
 
@@ -26,9 +29,9 @@ struct Routing {
 // down: A = activations, N = H, K = I; writes fp32 [slots, H] at row = slot (token * k + j).
 struct ExpertProduct {
   const uint16_t* a = nullptr;
-  const uint8_t* blocks = nullptr;  // [E, N, K/2] E2M1 codes, device layout
+  const uint8_t* blocks = nullptr;  // [E, N, K/2] E2M1 codes or [E, N, K] E4M3 codes, device layouts
   const uint8_t* scales = nullptr;  // [E, N, K/32] E8M0 (MXFP4) or [E, N, K/16] E4M3 (NVFP4)
-  const float* global = nullptr;    // [E], NVFP4
+  const float* global = nullptr;    // NVFP4: [E]; FP8: row scales [E, N]
   const float* bias = nullptr;      // [E, N]
   int n = 0, k = 0;                 // N and K
   int top_k = 0;                    // slots per token (gate_up gathers A rows by slot / top_k)

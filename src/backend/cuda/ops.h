@@ -57,57 +57,66 @@ void linear_f32_input(const uint16_t* weight, const float* bias, const float* x,
 void linear_f32_input(const DenseWeight& weight, const float* bias, const float* x, int64_t m, int64_t out_features,
                       int64_t in_features, float* y, Stream stream);
 
-// ---- FP4 mixture of experts (moe_fp4.cu, fp4_weights.cu) ----
+// ---- quantized mixture of experts (moe_quantized.cu, expert_weights.cu) ----
 
 // Rewrites E2M1 code blocks (low nibble first, as MXFP4 and NVFP4 checkpoints store them) in
 // place into the device layout the MoE kernels read: each 32-bit word's bits permuted so that a
 // pair of codes decodes in fewer instructions (mxfp4_common.cuh). bytes must be a multiple of 4.
 void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream);
 
-// How the expert codes are scaled.
-//  MXFP4: one E8M0 scale per 32 inputs: W = e2m1 · 2^(scale - 127).
-//  NVFP4: one E4M3 scale per 16 inputs and one float32 per expert and matrix:
-//         W = e2m1 · e4m3(scale) · global[e]. Scales must not be NaN (0x7f / 0xff); the quantizer
-//         never makes one.
-enum class Fp4Format { MXFP4, NVFP4 };
+// How the expert weights are stored.
+//  MXFP4: E2M1 codes [E, N, K/2] with one E8M0 scale per 32 inputs: W = e2m1 · 2^(scale - 127).
+//  NVFP4: E2M1 codes [E, N, K/2] with one E4M3 scale per 16 inputs and one float32 per expert and
+//         matrix: W = e2m1 · e4m3(scale) · global[e]. Scales must not be NaN (0x7f / 0xff); the
+//         quantizer never makes one.
+//  FP8:   E4M3 codes [E, N, K] with one float32 scale per row: W = e4m3 · row_scale[e, n].
+// E2M1 codes are in the device layout of mxfp4_pack_codes, E4M3 codes in fp8_layout.h's expert
+// layout (expert_position), which gives both formats the same k order in the kernels.
+enum class ExpertFormat { MXFP4, NVFP4, FP8 };
 
-// gpt-oss experts: gate_up rows interleave gate (even) and up (odd). Blocks hold E2M1 codes in
-// the device layout (mxfp4_pack_codes), [E, N, K/2] bytes either way.
-struct MoeFp4Weights {
-  Fp4Format format = Fp4Format::MXFP4;
-  const uint8_t* gate_up_blocks = nullptr;  // [E, 2I, H/2]
+// gpt-oss experts: gate_up rows interleave gate (even) and up (odd).
+struct QuantizedExperts {
+  ExpertFormat format = ExpertFormat::MXFP4;
+  const uint8_t* gate_up_blocks = nullptr;  // [E, 2I, H/2] (FP8: [E, 2I, H])
   const uint8_t* gate_up_scales = nullptr;  // [E, 2I, H/32] MXFP4, [E, 2I, H/16] NVFP4
-  const float* gate_up_global = nullptr;    // [E], NVFP4 only
+  const float* gate_up_global = nullptr;    // NVFP4: [E]; FP8: the row scales [E, 2I]
   const float* gate_up_bias = nullptr;      // [E, 2I]
-  const uint8_t* down_blocks = nullptr;     // [E, H, I/2]
+  const uint8_t* down_blocks = nullptr;     // [E, H, I/2] (FP8: [E, H, I])
   const uint8_t* down_scales = nullptr;     // [E, H, I/32] MXFP4, [E, H, I/16] NVFP4
-  const float* down_global = nullptr;       // [E], NVFP4 only
+  const float* down_global = nullptr;       // NVFP4: [E]; FP8: the row scales [E, H]
   const float* down_bias = nullptr;         // [E, H]
   int64_t num_experts = 0, hidden = 0, intermediate = 0;
   float swiglu_limit = 7.0f;
   float swiglu_alpha = 1.702f;
 };
 
-// Re-quantizes MXFP4 experts [E, N, K] to NVFP4 in place, by the CPU quantizer's rule
-// (quantize_linear: one global scale per expert from its largest weight, E4M3 block scales, the
-// same bytes): codes [E, N, K/2] in checkpoint order are read with mx_scales [E, N, K/32] and
-// overwritten with the NVFP4 codes (still in checkpoint order: pack them afterwards); writes
-// nv_scales [E, N, K/16] and global [E]. Waits for the result; returns the first flattened row
-// (e * N + n) holding a non-finite weight, or -1. K must be a multiple of 32.
+// Re-quantize MXFP4 experts [E, N, K] (codes [E, N, K/2] in checkpoint order, mx_scales
+// [E, N, K/32]) by the CPU quantizer's rule (quantize_linear: the same bytes and scales). Both
+// wait for the result and return the first flattened row (e * N + n) holding a non-finite
+// weight (the load must then fail: NVFP4 writes nothing, FP8 skips the bad rows), or -1. K must
+// be a multiple of 32.
+// To NVFP4, in place: one global scale per expert from its largest weight, E4M3 block scales; the
+// codes are overwritten (still in checkpoint order: pack them afterwards); writes nv_scales
+// [E, N, K/16] and global [E].
 int64_t quantize_mxfp4_experts_to_nvfp4(uint8_t* codes, const uint8_t* mx_scales, int64_t experts, int64_t rows,
                                         int64_t in_features, uint8_t* nv_scales, float* global, Stream stream);
+// To FP8 per row: writes fp8_codes [E, N, K] in the expert layout and row_scales [E, N].
+int64_t quantize_mxfp4_experts_to_fp8(const uint8_t* codes, const uint8_t* mx_scales, int64_t experts, int64_t rows,
+                                      int64_t in_features, uint8_t* fp8_codes, float* row_scales, Stream stream);
 
 // gpt-oss routing: per row, the k largest logits (ties to the lower index), then softmax over
 // those k. ids [m, k] int32, weights [m, k] float32.
 void moe_topk_softmax(const float* logits, int64_t m, int64_t num_experts, int k, int32_t* ids, float* weights,
                       Stream stream);
 
-// Scratch for moe_fp4; size from moe_fp4_workspace_bytes for the largest m a step can have.
-size_t moe_fp4_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, int64_t hidden, int64_t intermediate);
+// Scratch for moe_quantized; size from moe_quantized_workspace_bytes for the largest m a step can
+// have.
+size_t moe_quantized_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, int64_t hidden,
+                                     int64_t intermediate);
 
 // What to do with the residual stream once the MoE has added into it: the next layer's input
 // RMSNorm to bf16, done by the same kernel that finished the row (one launch and one pass over
-// the row fewer per layer). out may be the h that moe_fp4 read: it is written last.
+// the row fewer per layer). out may be the h that moe_quantized read: it is written last.
 struct NextNorm {
   const float* weight = nullptr;  // [H]
   float eps = 0.0f;
@@ -117,16 +126,16 @@ struct NextNorm {
 // residual[r] += Σ_j weights[r, j] · expert_{ids[r, j]}(h[r]) for r < m, where
 // expert_e(h) = W2_e · swiglu_clamped(W1_e · h + b1_e) + b2_e. h is bf16 [m, H]. With next_norm,
 // also next_norm->out[r] = rms_norm(residual[r]) (as rms_norm_to_bf16, up to summation order).
-void moe_fp4(const MoeFp4Weights& weights, const uint16_t* h, int64_t m, int k, const int32_t* ids,
-               const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream,
-               const NextNorm* next_norm = nullptr);
+void moe_quantized(const QuantizedExperts& weights, const uint16_t* h, int64_t m, int k, const int32_t* ids,
+                   const float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
+                   Stream stream, const NextNorm* next_norm = nullptr);
 
 // The same with float32 h, every intermediate float32 and each weight decoded exactly: the
-// float32 compute mode (moe_fp4_f32.cu). One warp per output on CUDA cores.
-size_t moe_fp4_f32_workspace_bytes(int64_t max_rows, int k, int64_t intermediate);
-void moe_fp4_f32(const MoeFp4Weights& weights, const float* h, int64_t m, int k, const int32_t* ids,
-                   const float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
-                   Stream stream);
+// float32 compute mode (moe_quantized_f32.cu). One warp per output on CUDA cores.
+size_t moe_quantized_f32_workspace_bytes(int64_t max_rows, int k, int64_t intermediate);
+void moe_quantized_f32(const QuantizedExperts& weights, const float* h, int64_t m, int k, const int32_t* ids,
+                       const float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
+                       Stream stream);
 
 // ---- bf16 mixture of experts (moe_bf16.cu: Qwen3-MoE) ----
 

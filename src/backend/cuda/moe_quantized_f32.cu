@@ -2,11 +2,12 @@
 //
 // The bf16 path rounds the expert input and the SwiGLU output to bf16 before each matrix product;
 // on a model as sensitive as a tiny random one that alone moves logits by most of a unit. Here
-// every value stays float32 and each weight is decoded exactly (E2M1 × 2^(scale-127), or
-// E2M1 × E4M3 scale, with NVFP4's global scale on each 16-block's sum), so the
-// result differs from the CPU's float32 reference only by summation order. One warp per output
+// every value stays float32 and each weight is decoded exactly (E2M1 × 2^(scale-127); E2M1 × E4M3
+// scale, with NVFP4's global scale on each 16-block's sum; E4M3, with FP8's row scale on the row's
+// sum), so the result differs from the CPU's float32 reference only by summation order. One warp per output
 // value on CUDA cores: correct at any size, fast at none, which the mode accepts.
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/mxfp4_common.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/e4m3.h"
@@ -20,16 +21,21 @@ constexpr int kWarpsPerBlock = 8;
 __device__ const float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-// Σ_i row[i] · x[i] for one row of `in` FP4 weights (its scales start at `scales`; `global` is
-// the matrix's NVFP4 global scale); every lane of the warp gets the sum.
-__device__ float fp4_row_dot(const float* lut, Fp4Format format, const uint8_t* blocks, const uint8_t* scales,
-                             float global, const float* x, int64_t in) {
+// Σ_i row[i] · x[i] for one row of `in` weights (its scales start at `scales`; `global` is the
+// matrix's NVFP4 global scale, or the row's FP8 scale); every lane of the warp gets the sum.
+__device__ float expert_row_dot(const float* lut, ExpertFormat format, const uint8_t* blocks, const uint8_t* scales,
+                                float global, const float* x, int64_t in) {
   const int lane = threadIdx.x % 32;
   float sum = 0.0f;
+  if (format == ExpertFormat::FP8) {
+    for (int64_t k = lane; k < in; k += 32) sum = fmaf(e4m3_value(blocks[fp8::expert_position(int(k))]), x[k], sum);
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    return sum * global;
+  }
   for (int64_t b = lane; b < in / 32; b += 32) {
     const uint32_t* words = reinterpret_cast<const uint32_t*>(blocks + b * 16);
     const float* xb = x + b * 32;
-    const bool nv = format == Fp4Format::NVFP4;
+    const bool nv = format == ExpertFormat::NVFP4;
     float half[2] = {0.0f, 0.0f};  // NVFP4: codes 0-15 and 16-31 (own scales); MXFP4: all in half[0]
     for (int i = 0; i < 4; ++i) {
       const uint32_t word = mxfp4::unpack_codes_word(words[i]);  // device layout -> nibble i = code i
@@ -50,8 +56,9 @@ __device__ float fp4_row_dot(const float* lut, Fp4Format format, const uint8_t* 
 
 // act[(r, slot), j] = swiglu(gate_j, up_j) for output j of the chosen expert; gate and up are the
 // interleaved rows 2j and 2j+1 of gate_up.
-__global__ void gate_up_kernel(MoeFp4Weights w, const float* h, int k, const int32_t* ids, float* act) {
-  const int64_t scale_cols = w.hidden / (w.format == Fp4Format::NVFP4 ? 16 : 32);
+__global__ void gate_up_kernel(QuantizedExperts w, const float* h, int k, const int32_t* ids, float* act) {
+  const bool fp8 = w.format == ExpertFormat::FP8;
+  const int64_t scale_cols = w.hidden / (w.format == ExpertFormat::NVFP4 ? 16 : 32), row_bytes = w.hidden / (fp8 ? 1 : 2);
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = kE2M1[threadIdx.x];
   __syncthreads();
@@ -61,12 +68,14 @@ __global__ void gate_up_kernel(MoeFp4Weights w, const float* h, int k, const int
   const int64_t expert = ids[assignment], row = assignment / k;
   const float* x = h + row * w.hidden;
   const int64_t gate_row = expert * 2 * w.intermediate + 2 * j;
-  const float global = w.format == Fp4Format::NVFP4 ? w.gate_up_global[expert] : 1.0f;
-  const float gate = fp4_row_dot(lut, w.format, w.gate_up_blocks + gate_row * w.hidden / 2,
-                                 w.gate_up_scales + gate_row * scale_cols, global, x, w.hidden) +
+  auto global = [&](int64_t r) {
+    return fp8 ? w.gate_up_global[r] : w.format == ExpertFormat::NVFP4 ? w.gate_up_global[expert] : 1.0f;
+  };
+  const float gate = expert_row_dot(lut, w.format, w.gate_up_blocks + gate_row * row_bytes,
+                                    w.gate_up_scales + (fp8 ? 0 : gate_row * scale_cols), global(gate_row), x, w.hidden) +
                      w.gate_up_bias[gate_row];
-  const float up = fp4_row_dot(lut, w.format, w.gate_up_blocks + (gate_row + 1) * w.hidden / 2,
-                               w.gate_up_scales + (gate_row + 1) * scale_cols, global, x, w.hidden) +
+  const float up = expert_row_dot(lut, w.format, w.gate_up_blocks + (gate_row + 1) * row_bytes,
+                                  w.gate_up_scales + (fp8 ? 0 : (gate_row + 1) * scale_cols), global(gate_row + 1), x, w.hidden) +
                    w.gate_up_bias[gate_row + 1];
   if (threadIdx.x % 32 == 0)
     act[assignment * w.intermediate + j] = mxfp4::swiglu_oai(gate, up, w.swiglu_limit, w.swiglu_alpha);
@@ -74,7 +83,7 @@ __global__ void gate_up_kernel(MoeFp4Weights w, const float* h, int k, const int
 
 // residual[r, i] += Σ_slot weight · (down_e[i] · act[(r, slot)] + b2_e[i]), slots in order, so the
 // sum is the same on every run.
-__global__ void down_kernel(MoeFp4Weights w, int k, const int32_t* ids, const float* route_weights, const float* act,
+__global__ void down_kernel(QuantizedExperts w, int k, const int32_t* ids, const float* route_weights, const float* act,
                             float* residual) {
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = kE2M1[threadIdx.x];
@@ -82,14 +91,16 @@ __global__ void down_kernel(MoeFp4Weights w, int k, const int32_t* ids, const fl
   const int64_t row = blockIdx.y;
   const int64_t i = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (i >= w.hidden) return;
-  const int64_t scale_cols = w.intermediate / (w.format == Fp4Format::NVFP4 ? 16 : 32);
+  const bool fp8 = w.format == ExpertFormat::FP8;
+  const int64_t scale_cols = w.intermediate / (w.format == ExpertFormat::NVFP4 ? 16 : 32);
+  const int64_t row_bytes = w.intermediate / (fp8 ? 1 : 2);
   float total = 0.0f;
   for (int slot = 0; slot < k; ++slot) {
     const int64_t assignment = row * k + slot, expert = ids[assignment];
     const int64_t down_row = expert * w.hidden + i;
-    const float global = w.format == Fp4Format::NVFP4 ? w.down_global[expert] : 1.0f;
-    const float y = fp4_row_dot(lut, w.format, w.down_blocks + down_row * w.intermediate / 2,
-                                w.down_scales + down_row * scale_cols, global, act + assignment * w.intermediate,
+    const float global = fp8 ? w.down_global[down_row] : w.format == ExpertFormat::NVFP4 ? w.down_global[expert] : 1.0f;
+    const float y = expert_row_dot(lut, w.format, w.down_blocks + down_row * row_bytes,
+                                w.down_scales + (fp8 ? 0 : down_row * scale_cols), global, act + assignment * w.intermediate,
                                 w.intermediate) +
                     w.down_bias[down_row];
     total = fmaf(route_weights[assignment], y, total);
@@ -99,16 +110,16 @@ __global__ void down_kernel(MoeFp4Weights w, int k, const int32_t* ids, const fl
 
 }  // namespace
 
-size_t moe_fp4_f32_workspace_bytes(int64_t max_rows, int k, int64_t intermediate) {
+size_t moe_quantized_f32_workspace_bytes(int64_t max_rows, int k, int64_t intermediate) {
   return size_t(max_rows * k * intermediate) * sizeof(float);
 }
 
-void moe_fp4_f32(const MoeFp4Weights& weights, const float* h, int64_t m, int k, const int32_t* ids,
+void moe_quantized_f32(const QuantizedExperts& weights, const float* h, int64_t m, int k, const int32_t* ids,
                    const float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
                    Stream stream) {
   if (m == 0) return;
-  if (workspace_bytes < moe_fp4_f32_workspace_bytes(m, k, weights.intermediate))
-    throw_cuda_error("moe_fp4_f32: workspace too small", int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  if (workspace_bytes < moe_quantized_f32_workspace_bytes(m, k, weights.intermediate))
+    throw_cuda_error("moe_quantized_f32: workspace too small", int(cudaErrorInvalidValue), __FILE__, __LINE__);
   float* act = static_cast<float*>(workspace);
   const cudaStream_t s = as_stream(stream);
   const dim3 gate_grid(unsigned(ceil_div(weights.intermediate, kWarpsPerBlock)), unsigned(m * k));

@@ -1,10 +1,11 @@
-// NVFP4 experts made on the device (--quantize-experts nvfp4 with --device cuda): the MXFP4
+// NVFP4 and FP8 experts made on the device (--quantize-experts with --device cuda): the MXFP4
 // experts are already on the GPU (read from the checkpoint or generated), so they are re-quantized
-// there, in place, with no host copy. The rule and the rounding are the CPU quantizer's
-// (quantize_linear, e2m1.h, e4m3.h), so both devices hold the same codes, scales and global scale.
+// there, with no host copy. The rule and the rounding are the CPU quantizer's (quantize_linear,
+// e2m1.h, e4m3.h), so both devices hold the same codes and scales.
 #include <climits>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/ops.h"
 #include "backend/e2m1.h"
 #include "backend/e4m3.h"
@@ -116,7 +117,82 @@ __global__ void __launch_bounds__(kThreads)
   *reinterpret_cast<uint2*>(codes + b * 8) = make_uint2(word[0], word[1]);
 }
 
+// One block per flattened row: its largest magnitude, then its FP8 codes in the expert layout and
+// its scale, as the CPU's per-row rule has them. A row with a non-finite weight is reported and
+// left unwritten.
+__global__ void __launch_bounds__(kThreads)
+    quantize_fp8_rows_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ mx_scales, int in,
+                             uint8_t* __restrict__ fp8_codes, float* __restrict__ row_scales,
+                             int* __restrict__ first_bad_row) {
+  __shared__ float warp_max[kThreads / 32];
+  __shared__ int warp_bad[kThreads / 32];
+  const int64_t row = blockIdx.x;
+  const uint8_t* row_codes = codes + row * (in / 2);
+  const uint8_t* row_mx = mx_scales + row * (in / 32);
+  float amax = 0.0f;
+  bool bad = false;
+  for (int b = threadIdx.x; b < in / 16; b += kThreads) {
+    float v[16];
+    decode_block(row_codes, row_mx, b, v);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      bad |= !isfinite(v[i]);
+      amax = fmaxf(amax, fabsf(v[i]));
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    bad |= __shfl_xor_sync(0xffffffffu, int(bad), offset) != 0;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    warp_max[warp] = amax;
+    warp_bad[warp] = bad;
+  }
+  __syncthreads();
+  amax = 0.0f;
+  bad = false;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    amax = fmaxf(amax, warp_max[w]);
+    bad |= warp_bad[w] != 0;
+  }
+  if (bad) {
+    if (threadIdx.x == 0) atomicMin(first_bad_row, int(row));
+    return;  // the whole block
+  }
+  // As on the CPU: a row too small for amax / 448 to be nonzero is all zeros with any scale.
+  const float scale = amax / 448.0f > 0.0f ? amax / 448.0f : 1.0f;
+  if (threadIdx.x == 0) row_scales[row] = scale;
+  uint8_t* dst = fp8_codes + row * in;
+  for (int b = threadIdx.x; b < in / 16; b += kThreads) {
+    float v[16];
+    decode_block(row_codes, row_mx, b, v);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) dst[fp8::expert_position(16 * b + i)] = e4m3_nearest(v[i] / scale);
+  }
+}
+
 }  // namespace
+
+int64_t quantize_mxfp4_experts_to_fp8(const uint8_t* codes, const uint8_t* mx_scales, int64_t experts, int64_t rows,
+                                      int64_t in_features, uint8_t* fp8_codes, float* row_scales, Stream stream) {
+  if (experts < 0 || rows < 0 || in_features <= 0 || in_features % 32 != 0 || experts * rows >= INT32_MAX ||
+      in_features > INT32_MAX || reinterpret_cast<uintptr_t>(codes) % 8 != 0)
+    throw_cuda_error("quantize_mxfp4_experts_to_fp8: in_features must be a positive multiple of 32 and codes "
+                     "8-byte aligned",
+                     int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  const int64_t total_rows = experts * rows;
+  if (total_rows == 0) return -1;
+  DeviceBuffer flag(sizeof(int));
+  memset_device(flag.get(), 0x7f, sizeof(int), stream);  // 0x7f7f7f7f: above any row
+  quantize_fp8_rows_kernel<<<unsigned(total_rows), kThreads, 0, as_stream(stream)>>>(
+      codes, mx_scales, int(in_features), fp8_codes, row_scales, flag.get<int>());
+  ANVIL_CUDA_LAUNCHED();
+  int first_bad = 0;
+  copy_to_host(&first_bad, flag.get(), sizeof(int), stream);
+  synchronize(stream);
+  return first_bad < total_rows ? first_bad : -1;
+}
 
 int64_t quantize_mxfp4_experts_to_nvfp4(uint8_t* codes, const uint8_t* mx_scales, int64_t experts, int64_t rows,
                                         int64_t in_features, uint8_t* nv_scales, float* global, Stream stream) {

@@ -1,4 +1,4 @@
-// cuda::moe_topk_softmax and cuda::moe_fp4 against a straightforward CPU MoE built from the
+// cuda::moe_topk_softmax and cuda::moe_quantized against a straightforward CPU MoE built from the
 // reference pieces: cpu::top_k_indices + softmax for routing, linear_forward_reference for the
 // MXFP4 products (bias included), cpu::swiglu_oai in between, and the routing-weighted sum added
 // to the residual. Fresh random data every case; outputs poisoned or pre-filled with random
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/mxfp4_layout.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/runtime.h"
@@ -41,12 +42,13 @@ enum class Scaling {
   Mxfp4,     // E8M0 around the dummy loader's choice
   Mxfp4Big,  // the same with some blocks above 128 (the second-multiply path)
   Nvfp4,     // E4M3 per 16 codes (subnormal and zero ones included) and a global scale per expert
+  Fp8,       // E4M3 codes (subnormal ones included) and a scale per row
 };
 
 // Host copy of one layer's experts plus their device copies.
 struct Experts {
   Shape shape;
-  bool nv = false;
+  bool nv = false, fp8 = false;
   std::vector<uint8_t> gu_blocks, gu_scales, down_blocks, down_scales;
   std::vector<float> gu_bias, down_bias, gu_global, down_global;
   cuda::DeviceBuffer d_gu_blocks, d_gu_scales, d_gu_bias, d_down_blocks, d_down_scales, d_down_bias, d_gu_global,
@@ -55,16 +57,23 @@ struct Experts {
 
   // Weight magnitudes around the dummy loader's choice (2^-ceil(log2(sqrt(fan_in) * 2.6))) so
   // activations stay O(1).
-  Experts(const Shape& s, Rng& rng, Scaling scaling = Scaling::Mxfp4) : shape(s), nv(scaling == Scaling::Nvfp4) {
+  Experts(const Shape& s, Rng& rng, Scaling scaling = Scaling::Mxfp4)
+      : shape(s), nv(scaling == Scaling::Nvfp4), fp8(scaling == Scaling::Fp8) {
     auto fill = [&](std::vector<uint8_t>& blocks, std::vector<uint8_t>& scales, std::vector<float>& global,
                     std::vector<float>& bias, int64_t rows, int64_t cols) {
-      blocks.resize(size_t(s.experts * rows * cols / 2));
+      blocks.resize(size_t(s.experts * rows * cols / (fp8 ? 1 : 2)));
       for (size_t i = 0; i < blocks.size(); i += 8) {
         const uint64_t r = rng.next();
         for (size_t j = 0; j < 8 && i + j < blocks.size(); ++j) blocks[i + j] = uint8_t(r >> (8 * j));
       }
       const int base = 127 - int(std::ceil(std::log2(std::sqrt(double(cols)) * 2.6)));
-      if (nv) {
+      if (fp8) {
+        // Codes up to 2^4 in magnitude (subnormals included, never NaN), row scales about 2^-3
+        // of an MXFP4 block's.
+        for (auto& b : blocks) b = uint8_t((b & 0x80) | (b & 0x7f) % 0x60);
+        global.resize(size_t(s.experts * rows));
+        for (auto& g : global) g = std::ldexp(0.5f + 0.4f * std::fabs(rng.uniform()), base - 127 - 2);
+      } else if (nv) {
         // E4M3 scales from 0.25 to 3.75 (0x28-0x4e), a few subnormal or zero ones, and a global
         // scale that is not a power of two.
         scales.resize(size_t(s.experts * rows * cols / 16));
@@ -89,21 +98,29 @@ struct Experts {
     d_gu_global = to_device(gu_global);
     d_down_global = to_device(down_global);
     // The host copies stay in checkpoint order for the reference; the device ones are packed.
-    d_gu_blocks = to_device(gu_blocks);
-    cuda::mxfp4_pack_codes(d_gu_blocks.get<uint8_t>(), gu_blocks.size(), nullptr);
+    auto device_codes = [&](const std::vector<uint8_t>& host) {
+      if (!fp8) {
+        auto buffer = to_device(host);
+        cuda::mxfp4_pack_codes(buffer.get<uint8_t>(), host.size(), nullptr);
+        return buffer;
+      }
+      std::vector<uint8_t> laid_out(host.size());  // rows are multiples of 16 bytes
+      for (size_t i = 0; i < host.size(); ++i) laid_out[i - i % 16 + size_t(cuda::fp8::expert_position(int(i % 16)))] = host[i];
+      return to_device(laid_out);
+    };
+    d_gu_blocks = device_codes(gu_blocks);
     d_gu_scales = to_device(gu_scales);
     d_gu_bias = to_device(gu_bias);
-    d_down_blocks = to_device(down_blocks);
-    cuda::mxfp4_pack_codes(d_down_blocks.get<uint8_t>(), down_blocks.size(), nullptr);
+    d_down_blocks = device_codes(down_blocks);
     d_down_scales = to_device(down_scales);
     d_down_bias = to_device(down_bias);
   }
 
-  cuda::MoeFp4Weights device() const {
-    cuda::MoeFp4Weights w;
-    w.format = nv ? cuda::Fp4Format::NVFP4 : cuda::Fp4Format::MXFP4;
-    w.gate_up_global = nv ? d_gu_global.get<float>() : nullptr;
-    w.down_global = nv ? d_down_global.get<float>() : nullptr;
+  cuda::QuantizedExperts device() const {
+    cuda::QuantizedExperts w;
+    w.format = fp8 ? cuda::ExpertFormat::FP8 : nv ? cuda::ExpertFormat::NVFP4 : cuda::ExpertFormat::MXFP4;
+    w.gate_up_global = nv || fp8 ? d_gu_global.get<float>() : nullptr;
+    w.down_global = nv || fp8 ? d_down_global.get<float>() : nullptr;
     w.gate_up_blocks = d_gu_blocks.get<uint8_t>();
     w.gate_up_scales = d_gu_scales.get<uint8_t>();
     w.gate_up_bias = d_gu_bias.get<float>();
@@ -121,11 +138,12 @@ struct Experts {
   LinearWeight gate_up(int64_t e) const {
     const int64_t rows = 2 * shape.intermediate, cols = shape.hidden;
     LinearWeight w;
-    w.format = nv ? WeightFormat::NVFP4 : WeightFormat::MXFP4;
+    w.format = fp8 ? WeightFormat::FP8 : nv ? WeightFormat::NVFP4 : WeightFormat::MXFP4;
     w.out_features = rows;
     w.in_features = cols;
-    w.data = gu_blocks.data() + e * rows * cols / 2;
-    w.scales = gu_scales.data() + e * rows * cols / (nv ? 16 : 32);
+    w.data = gu_blocks.data() + e * rows * cols / (fp8 ? 1 : 2);
+    if (fp8) w.row_scales = gu_global.data() + e * rows;
+    if (!fp8) w.scales = gu_scales.data() + e * rows * cols / (nv ? 16 : 32);
     if (nv) w.global_scale = gu_global[size_t(e)];
     w.bias = gu_bias.data() + e * rows;
     return w;
@@ -133,11 +151,12 @@ struct Experts {
   LinearWeight down(int64_t e) const {
     const int64_t rows = shape.hidden, cols = shape.intermediate;
     LinearWeight w;
-    w.format = nv ? WeightFormat::NVFP4 : WeightFormat::MXFP4;
+    w.format = fp8 ? WeightFormat::FP8 : nv ? WeightFormat::NVFP4 : WeightFormat::MXFP4;
     w.out_features = rows;
     w.in_features = cols;
-    w.data = down_blocks.data() + e * rows * cols / 2;
-    w.scales = down_scales.data() + e * rows * cols / (nv ? 16 : 32);
+    w.data = down_blocks.data() + e * rows * cols / (fp8 ? 1 : 2);
+    if (fp8) w.row_scales = down_global.data() + e * rows;
+    if (!fp8) w.scales = down_scales.data() + e * rows * cols / (nv ? 16 : 32);
     if (nv) w.global_scale = down_global[size_t(e)];
     w.bias = down_bias.data() + e * rows;
     return w;
@@ -161,6 +180,7 @@ struct Experts {
   size_t expert_bytes() const {
     const int64_t H = shape.hidden, I = shape.intermediate;
     const int64_t weights = 2 * I * H + H * I;
+    if (fp8) return size_t(weights + (2 * I + H) * 8);
     return size_t(weights / 2 + weights / (nv ? 16 : 32) + (2 * I + H) * 4);
   }
 };
@@ -201,7 +221,7 @@ struct RunOptions {
   int64_t checked_rows = 24;
 };
 
-// Runs moe_fp4 for h [m, H] with the given routing and checks sampled rows against the CPU.
+// Runs moe_quantized for h [m, H] with the given routing and checks sampled rows against the CPU.
 void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const RunOptions& options = {}) {
   const Shape& s = ex.shape;
   SCOPED_TRACE("E=" + std::to_string(s.experts) + " H=" + std::to_string(s.hidden) + " I=" +
@@ -211,12 +231,12 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
   std::vector<float> residual(size_t(m * s.hidden));
   for (auto& v : residual) v = rng.uniform();
   auto d_h = to_device(h), d_ids = to_device(routed.ids), d_w = to_device(routed.weights), d_residual = to_device(residual);
-  const size_t ws_bytes = cuda::moe_fp4_workspace_bytes(m, s.k, s.experts, s.hidden, s.intermediate);
+  const size_t ws_bytes = cuda::moe_quantized_workspace_bytes(m, s.k, s.experts, s.hidden, s.intermediate);
   cuda::DeviceBuffer workspace(ws_bytes);
   // Stale routing tables and activations must not matter.
   cuda::memset_device(workspace.get(), 0xff, ws_bytes);
   const auto weights = ex.device();
-  cuda::moe_fp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+  cuda::moe_quantized(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                   d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
   cuda::synchronize();
   const auto out = to_host<float>(d_residual, residual.size());
@@ -255,7 +275,7 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
     auto d_norm = to_device(norm_weight), d_residual2 = to_device(residual), d_h2 = to_device(h);
     cuda::memset_device(workspace.get(), 0xff, ws_bytes);
     const cuda::NextNorm next{d_norm.get<float>(), 1e-5f, d_h2.get<uint16_t>()};
-    cuda::moe_fp4(weights, d_h2.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+    cuda::moe_quantized(weights, d_h2.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                     d_residual2.get<float>(), workspace.get(), ws_bytes, nullptr, &next);
     const auto out2 = to_host<float>(d_residual2, residual.size());
     const auto normed = to_host<uint16_t>(d_h2, h.size());
@@ -276,13 +296,13 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
 
   if (options.timing_runs > 0) {
     for (int i = 0; i < 3; ++i)
-      cuda::moe_fp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+      cuda::moe_quantized(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                       d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
     std::vector<double> ms;
     cuda::EventTimer timer;
     for (int i = 0; i < options.timing_runs; ++i) {
       timer.start();
-      cuda::moe_fp4(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+      cuda::moe_quantized(weights, d_h.get<uint16_t>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                       d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
       ms.push_back(timer.stop_ms());
     }
@@ -291,11 +311,11 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
     const std::set<int32_t> active(routed.ids.begin(), routed.ids.end());
     const double bytes = double(active.size()) * double(ex.expert_bytes());
     const double flops = 2.0 * double(m * s.k) * 3.0 * double(s.hidden) * double(s.intermediate);
-    std::printf("[ perf ] moe_fp4 %s E=%lld H=%lld I=%lld k=%d m=%lld: %.1f us, %zu experts, %.0f GB/s of expert "
-                "weights, %.1f TFLOP/s\n",
-                ex.nv ? "NVFP4" : "MXFP4", static_cast<long long>(s.experts), static_cast<long long>(s.hidden),
+    std::printf("[ perf ] moe_quantized %s E=%lld H=%lld I=%lld k=%d m=%lld: %.1f us, %zu experts, %.0f GB/s of expert "
+                "weights, %.1f TFLOP/s; relative error %.1e\n",
+                ex.fp8 ? "FP8" : ex.nv ? "NVFP4" : "MXFP4", static_cast<long long>(s.experts), static_cast<long long>(s.hidden),
                 static_cast<long long>(s.intermediate), s.k, static_cast<long long>(m), seconds * 1e6, active.size(),
-                bytes / seconds * 1e-9, flops / seconds * 1e-12);
+                bytes / seconds * 1e-9, flops / seconds * 1e-12, rel);
   }
 }
 
@@ -495,12 +515,102 @@ TEST(CudaMoeNvfp4, DeviceQuantizerMatchesTheCpu) {
             2 * rows + 7);
 }
 
+// FP8 experts (E4M3 codes in the expert layout, a scale per row) through both paths.
+TEST(CudaMoeFp8, RandomRoutingBothPaths) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(43);
+  const Experts ex({8, 256, 384, 2}, rng, Scaling::Fp8);
+  for (int64_t m : {1, 3, 17, 64, 300, 2048}) {
+    const auto routed = route_on_gpu(m, ex.shape, rng);
+    run_moe(ex, m, routed, rng);
+  }
+  const Experts odd({4, 288, 96, 2}, rng, Scaling::Fp8);
+  for (int64_t m : {1, 40, 300}) {
+    const auto routed = route_on_gpu(m, odd.shape, rng);
+    run_moe(odd, m, routed, rng);
+  }
+}
+
+TEST(CudaMoeFp8, GptOss20bShapesWithSpeed) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(47);
+  const Experts ex({32, 2880, 2880, 4}, rng, Scaling::Fp8);
+  for (int64_t m : {1, 64, 2048}) {
+    const auto routed = route_on_gpu(m, ex.shape, rng);
+    RunOptions options;
+    options.timing_runs = m >= 2048 ? 10 : 50;
+    options.checked_rows = m >= 64 ? 6 : 8;
+    run_moe(ex, m, routed, rng, options);
+  }
+}
+
+// The FP8 device quantizer against the CPU's quantize_linear: the same codes (in the expert
+// layout) and row scales, an all-zero expert getting scale 1, and a non-finite row reported.
+TEST(CudaMoeFp8, DeviceQuantizerMatchesTheCpu) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(53);
+  const int64_t experts = 3, rows = 40, in = 96;
+  std::vector<uint8_t> codes(size_t(experts * rows * in / 2)), mx(size_t(experts * rows * in / 32));
+  for (auto& c : codes) c = uint8_t(rng.next());
+  for (size_t i = 0; i < mx.size(); ++i) mx[i] = uint8_t(107 + rng.next() % 29);
+  for (int64_t i = 0; i < rows * in / 2; ++i) codes[size_t(rows * in / 2 + i)] = 0;  // expert 1: all zero
+  auto d_codes = to_device(codes), d_mx = to_device(mx);
+  cuda::DeviceBuffer d_fp8(size_t(experts * rows * in)), d_scales(size_t(experts * rows) * 4);
+  ASSERT_EQ(cuda::quantize_mxfp4_experts_to_fp8(d_codes.get<uint8_t>(), d_mx.get<uint8_t>(), experts, rows, in,
+                                                d_fp8.get<uint8_t>(), d_scales.get<float>(), nullptr),
+            -1);
+  const auto got_codes = to_host<uint8_t>(d_fp8, size_t(experts * rows * in));
+  const auto got_scales = to_host<float>(d_scales, size_t(experts * rows));
+  ThreadPool pool(2);
+  for (int64_t e = 0; e < experts; ++e) {
+    LinearWeight source;
+    source.format = WeightFormat::MXFP4;
+    source.out_features = rows;
+    source.in_features = in;
+    source.data = codes.data() + e * rows * in / 2;
+    source.scales = mx.data() + e * rows * in / 32;
+    const QuantizedLinear want = quantize_linear(source, WeightFormat::FP8, "expert", pool);
+    const auto* want_codes = static_cast<const uint8_t*>(want.weight().data);
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(got_scales[size_t(e * rows + r)], want.weight().row_scales[r]) << "expert " << e << " row " << r;
+      for (int64_t k = 0; k < in; ++k)
+        ASSERT_EQ(got_codes[size_t((e * rows + r) * in + cuda::fp8::expert_position(int(k)))], want_codes[r * in + k])
+            << "expert " << e << " row " << r << " k " << k;
+    }
+  }
+  std::vector<uint8_t> bad_mx = mx;
+  bad_mx[size_t((2 * rows + 7) * in / 32 + 1)] = 255;  // 2^128: a nonzero code there is infinite
+  auto d_bad = to_device(bad_mx);
+  EXPECT_EQ(cuda::quantize_mxfp4_experts_to_fp8(d_codes.get<uint8_t>(), d_bad.get<uint8_t>(), experts, rows, in,
+                                                d_fp8.get<uint8_t>(), d_scales.get<float>(), nullptr),
+            2 * rows + 7);
+}
+
+// The expert layout is a permutation of each 16-byte block that decodes, through the two pair
+// extractions, to the FP4 kernels' pairs (c, c + 4), c = 8(j/4) + j%4.
+TEST(CudaMoeFp8, ExpertLayoutPairsMatchTheFp4Order) {
+  int seen = 0;
+  for (int k = 0; k < 16; ++k) seen |= 1 << cuda::fp8::expert_position(k);
+  EXPECT_EQ(seen, 0xffff);
+  uint8_t block[16];
+  for (int k = 0; k < 16; ++k) block[cuda::fp8::expert_position(k)] = uint8_t(k + 1);  // a code per k
+  for (int j = 0; j < 8; ++j) {
+    uint32_t word;
+    std::memcpy(&word, block + 4 * (j / 2), 4);
+    const uint32_t pair = j % 2 ? cuda::fp8::high_pair_raw(word) : cuda::fp8::low_pair_raw(word);
+    const int c = 8 * (j / 4) + j % 4;
+    // bf16 bits of code value · 2^-120 hold the code's 7 magnitude bits at bits 4-10.
+    EXPECT_EQ((pair >> 4) & 0x7f, uint32_t(c + 1)) << "pair " << j;
+    EXPECT_EQ((pair >> 20) & 0x7f, uint32_t(c + 5)) << "pair " << j;
+  }
+}
+
 // The float32 compute mode's experts: float32 h and intermediates, so they agree with the CPU
 // reference to float32 summation-order rounding, including scales above 128.
 TEST(CudaMoe, Float32PathMatchesTheCpuTightly) {
   ANVIL_REQUIRE_GPU();
   Rng rng(29);
-  for (const Scaling scaling : {Scaling::Mxfp4, Scaling::Mxfp4Big, Scaling::Nvfp4}) {
+  for (const Scaling scaling : {Scaling::Mxfp4, Scaling::Mxfp4Big, Scaling::Nvfp4, Scaling::Fp8}) {
     const Experts ex({8, 288, 96, 3}, rng, scaling);
     const Shape& s = ex.shape;
     for (int64_t m : {1, 7, 40}) {
@@ -509,10 +619,10 @@ TEST(CudaMoe, Float32PathMatchesTheCpuTightly) {
       for (auto& v : h) v = rng.uniform();
       for (auto& v : residual) v = rng.uniform();
       auto d_h = to_device(h), d_ids = to_device(routed.ids), d_w = to_device(routed.weights), d_residual = to_device(residual);
-      const size_t bytes = cuda::moe_fp4_f32_workspace_bytes(m, s.k, s.intermediate);
+      const size_t bytes = cuda::moe_quantized_f32_workspace_bytes(m, s.k, s.intermediate);
       cuda::DeviceBuffer workspace(bytes);
       cuda::memset_device(workspace.get(), 0xff, bytes);
-      cuda::moe_fp4_f32(ex.device(), d_h.get<float>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+      cuda::moe_quantized_f32(ex.device(), d_h.get<float>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
                           d_residual.get<float>(), workspace.get(), bytes, nullptr);
       cuda::synchronize();
       const auto out = to_host<float>(d_residual, residual.size());

@@ -1,6 +1,6 @@
-// gpt-oss's mixture of experts with FP4 weights: MXFP4 (as checkpoints ship) or NVFP4
-// (--quantize-experts nvfp4). Both have the same E2M1 codes and device layout; the kernels are
-// templated on how the codes are scaled (kNv).
+// gpt-oss's mixture of experts with quantized weights: MXFP4 (as checkpoints ship), NVFP4 or FP8
+// (--quantize-experts). All three share one k order (the FP4 codes' device layout, fp8_layout.h's
+// expert layout for FP8), so the kernels are templated only on how codes decode and scale (Kind).
 //
 // One call = route (sort the (token, j) slots by expert on the device, no host round trip) →
 // expert products → weighted combine into the residual. Two product paths:
@@ -311,17 +311,18 @@ Layout layout_for(int64_t rows, int k, int64_t experts, int64_t hidden, int64_t 
 
 // ---- launches ----
 
-template <int kTokenTiles, int kSplitK, bool kGateUp, bool kNv>
+template <int kTokenTiles, int kSplitK, bool kGateUp, Kind kKind>
 void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
   constexpr int kRowsPerBlock = 16 * kDecodeWarps / kSplitK;
-  constexpr auto kernel = moe_decode_kernel<kTokenTiles, kSplitK, kGateUp, kNv>;
+  constexpr auto kernel = moe_decode_kernel<kTokenTiles, kSplitK, kGateUp, kKind>;
   // The per-warp scale tables (16 rows x K/32 or K/16 bytes each); past the default 48 KB together
   // with the static ring (K above ~6-12k) they need the opt-in.
-  const size_t smem = size_t(kDecodeWarps) * 16 * size_t(p.k / (kNv ? 16 : 32));
+  const size_t smem =
+      kKind == Kind::Fp8 ? 0 : size_t(kDecodeWarps) * 16 * size_t(p.k / (kKind == Kind::Nvfp4 ? 16 : 32));
   constexpr size_t kStatic = size_t(kDecodeWarps) * kDecodeStages * 2 * 32 * 16 +
                             size_t(kSplitK > 1 ? kDecodeWarps : 1) * kTokenTiles * 32 * 16;
   if (smem + kStatic > 48 * 1024) {
-    if (smem > 160 * 1024) invalid("moe_fp4: hidden / intermediate too large for the decode path");
+    if (smem > 160 * 1024) invalid("moe_quantized: hidden / intermediate too large for the decode path");
     ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
   const dim3 grid(unsigned(ceil_div(p.n, kRowsPerBlock)), unsigned(active_bound));
@@ -331,16 +332,16 @@ void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bo
 
 // Splits k across more warps when few would stream (batch 1: four experts), as far as the warps
 // still fit on the GPU at once.
-template <int kTokenTiles, bool kGateUp, bool kNv>
+template <int kTokenTiles, bool kGateUp, Kind kKind>
 void launch_decode(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
   const int64_t warps = ceil_div(p.n, 16) * active_bound;
   const int64_t resident = int64_t(kDecodeWarpsPerSm<kTokenTiles>) * current_multiprocessors();
-  if (2 * warps > resident) return launch_decode_split<kTokenTiles, 1, kGateUp, kNv>(p, r, active_bound, stream);
-  if (4 * warps > resident) return launch_decode_split<kTokenTiles, 2, kGateUp, kNv>(p, r, active_bound, stream);
-  launch_decode_split<kTokenTiles, 4, kGateUp, kNv>(p, r, active_bound, stream);
+  if (2 * warps > resident) return launch_decode_split<kTokenTiles, 1, kGateUp, kKind>(p, r, active_bound, stream);
+  if (4 * warps > resident) return launch_decode_split<kTokenTiles, 2, kGateUp, kKind>(p, r, active_bound, stream);
+  launch_decode_split<kTokenTiles, 4, kGateUp, kKind>(p, r, active_bound, stream);
 }
 
-template <bool kGateUp, bool kNv>
+template <bool kGateUp, Kind kKind>
 void launch_decode_tokens(int64_t m, int64_t experts, const ExpertProduct& p, const Routing& r, int active_bound,
                           cudaStream_t stream) {
   // An expert gets at most m tokens (a row picks distinct experts); with many experts it
@@ -349,9 +350,9 @@ void launch_decode_tokens(int64_t m, int64_t experts, const ExpertProduct& p, co
   // twice the mean rather than the worst case: a wider pass costs registers, occupancy and the
   // token prefetch (kDecodePrefetchX) for every expert.
   const int64_t expect = std::min<int64_t>(m, ceil_div(2 * m * p.top_k, experts));
-  if (expect <= 8) return launch_decode<1, kGateUp, kNv>(p, r, active_bound, stream);
-  if (expect <= 16) return launch_decode<2, kGateUp, kNv>(p, r, active_bound, stream);
-  launch_decode<4, kGateUp, kNv>(p, r, active_bound, stream);
+  if (expect <= 8) return launch_decode<1, kGateUp, kKind>(p, r, active_bound, stream);
+  if (expect <= 16) return launch_decode<2, kGateUp, kKind>(p, r, active_bound, stream);
+  launch_decode<4, kGateUp, kKind>(p, r, active_bound, stream);
 }
 
 // 8 warps side by side along N (each decodes a distinct 16-row weight slice: no duplicated
@@ -360,14 +361,14 @@ void launch_decode_tokens(int64_t m, int64_t experts, const ExpertProduct& p, co
 template <int kBM>
 using MoeGemm = MoeGemmConfig<kBM, 1, 8, 3, 2>;
 
-template <int kBM, bool kGateUp, bool kNv>
+template <int kBM, bool kGateUp, Kind kKind>
 void launch_gemm(const ExpertProduct& p, const Routing& r, int64_t max_tiles, cudaStream_t stream) {
   using Cfg = MoeGemm<kBM>;
-  constexpr auto kernel = moe_gemm_kernel<Cfg, kGateUp, kNv>;
+  constexpr auto kernel = moe_gemm_kernel<Cfg, kGateUp, kKind>;
   // The grant covers every K up to kMoeGemmMaxK, so one serves every call.
-  allow_smem<kernel>(MoeGemm<128>::smem_bytes(kMoeGemmMaxK, kNv));
+  allow_smem<kernel>(MoeGemm<128>::smem_bytes(kMoeGemmMaxK, kKind));
   const dim3 grid(unsigned(max_tiles), unsigned(ceil_div(p.n, Cfg::kBN)));
-  launch_chained(kernel, grid, Cfg::kThreads, Cfg::smem_bytes(p.k, kNv), stream, p, r);
+  launch_chained(kernel, grid, Cfg::kThreads, Cfg::smem_bytes(p.k, kKind), stream, p, r);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -397,31 +398,32 @@ void moe_topk_softmax(const float* logits, int64_t m, int64_t num_experts, int k
   ANVIL_CUDA_LAUNCHED();
 }
 
-size_t moe_fp4_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, int64_t hidden, int64_t intermediate) {
+size_t moe_quantized_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, int64_t hidden, int64_t intermediate) {
   if (max_rows < 0 || k < 1 || num_experts < 1 || hidden < 1 || intermediate < 1)
-    invalid("moe_fp4_workspace_bytes: bad shape");
+    invalid("moe_quantized_workspace_bytes: bad shape");
   return layout_for(max_rows, k, num_experts, hidden, intermediate).total;
 }
 
-void moe_fp4(const MoeFp4Weights& w, const uint16_t* h, int64_t m, int k, const int32_t* ids,
+void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k, const int32_t* ids,
                const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream,
                const NextNorm* next_norm) {
   const int64_t E = w.num_experts, H = w.hidden, I = w.intermediate;
-  if (E < 1 || E > kMaxExperts) invalid("moe_fp4: 1..256 experts");
-  if (H < 32 || I < 32 || H % 32 != 0 || I % 32 != 0) invalid("moe_fp4: hidden and intermediate must be multiples of 32");
-  if (k < 1 || k > E || k > 32) invalid("moe_fp4: k must be in 1..min(32, experts)");
-  if (m < 0) invalid("moe_fp4: negative rows");
+  if (E < 1 || E > kMaxExperts) invalid("moe_quantized: 1..256 experts");
+  if (H < 32 || I < 32 || H % 32 != 0 || I % 32 != 0) invalid("moe_quantized: hidden and intermediate must be multiples of 32");
+  if (k < 1 || k > E || k > 32) invalid("moe_quantized: k must be in 1..min(32, experts)");
+  if (m < 0) invalid("moe_quantized: negative rows");
   if (m == 0) return;
-  if (m * k > INT32_MAX / 2 || 2 * I * E > INT32_MAX || H * E > INT32_MAX) invalid("moe_fp4: shape too large");
-  const bool nv = w.format == Fp4Format::NVFP4;
-  if (!w.gate_up_blocks || !w.gate_up_scales || !w.gate_up_bias || !w.down_blocks || !w.down_scales || !w.down_bias ||
-      !h || !ids || !route_weights || !residual || !workspace || (nv && (!w.gate_up_global || !w.down_global)))
-    invalid("moe_fp4: null pointer");
+  if (m * k > INT32_MAX / 2 || 2 * I * E > INT32_MAX || H * E > INT32_MAX) invalid("moe_quantized: shape too large");
+  const bool fp8 = w.format == ExpertFormat::FP8, global = w.format != ExpertFormat::MXFP4;
+  if (!w.gate_up_blocks || (!fp8 && !w.gate_up_scales) || !w.gate_up_bias || !w.down_blocks ||
+      (!fp8 && !w.down_scales) || !w.down_bias || !h || !ids || !route_weights || !residual || !workspace ||
+      (global && (!w.gate_up_global || !w.down_global)))
+    invalid("moe_quantized: null pointer");
   if (!aligned16(w.gate_up_blocks) || !aligned16(w.down_blocks) || !aligned16(h) || !aligned16(residual) ||
       reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-    invalid("moe_fp4: weights, h, residual and workspace must be 16-byte aligned (workspace 256)");
+    invalid("moe_quantized: weights, h, residual and workspace must be 16-byte aligned (workspace 256)");
   const Layout l = layout_for(m, k, E, H, I);
-  if (workspace_bytes < l.total) invalid("moe_fp4: workspace too small for m rows (see moe_fp4_workspace_bytes)");
+  if (workspace_bytes < l.total) invalid("moe_quantized: workspace too small for m rows (see moe_quantized_workspace_bytes)");
 
   const cudaStream_t s = as_stream(stream);
   uint8_t* base = static_cast<uint8_t*>(workspace);
@@ -474,8 +476,8 @@ void moe_fp4(const MoeFp4Weights& w, const uint16_t* h, int64_t m, int k, const 
   down.top_k = k;
   down.out = y;
 
-  auto products = [&](auto nv_tag) {
-    constexpr bool kNv = decltype(nv_tag)::value;
+  auto products = [&](auto kind_tag) {
+    constexpr Kind kKind = decltype(kind_tag)::value;
     if (use_gemm) {
       launch_chained(moe_gather_permute_kernel, unsigned(slots), 256, size_t(H) * 2, s, h, r, k, int(H), x_perm);
       ANVIL_CUDA_LAUNCHED();
@@ -483,28 +485,29 @@ void moe_fp4(const MoeFp4Weights& w, const uint16_t* h, int64_t m, int k, const 
       // Tile-list bound for this tile size (<= l.max_tiles, which assumes the smallest tiles).
       const int64_t max_tiles = (slots + std::min(E, slots) * (tile_rows - 1)) / tile_rows + 1;
       if (tile_rows == 128) {
-        launch_gemm<128, true, kNv>(gate_up, r, max_tiles, s);
-        launch_gemm<128, false, kNv>(down, r, max_tiles, s);
+        launch_gemm<128, true, kKind>(gate_up, r, max_tiles, s);
+        launch_gemm<128, false, kKind>(down, r, max_tiles, s);
       } else {
-        launch_gemm<64, true, kNv>(gate_up, r, max_tiles, s);
-        launch_gemm<64, false, kNv>(down, r, max_tiles, s);
+        launch_gemm<64, true, kKind>(gate_up, r, max_tiles, s);
+        launch_gemm<64, false, kKind>(down, r, max_tiles, s);
       }
     } else {
       gate_up.a = h;
       const int active_bound = int(std::min(E, slots));
-      launch_decode_tokens<true, kNv>(m, E, gate_up, r, active_bound, s);
-      launch_decode_tokens<false, kNv>(m, E, down, r, active_bound, s);
+      launch_decode_tokens<true, kKind>(m, E, gate_up, r, active_bound, s);
+      launch_decode_tokens<false, kKind>(m, E, down, r, active_bound, s);
     }
   };
-  if (nv)
-    products(std::true_type{});
-  else
-    products(std::false_type{});
+  switch (w.format) {
+    case ExpertFormat::MXFP4: products(std::integral_constant<Kind, Kind::Mxfp4>{}); break;
+    case ExpertFormat::NVFP4: products(std::integral_constant<Kind, Kind::Nvfp4>{}); break;
+    case ExpertFormat::FP8: products(std::integral_constant<Kind, Kind::Fp8>{}); break;
+  }
 
   const int combine_threads = int(std::min<int64_t>(1024, ceil_div(H / 4, 32) * 32));
   const bool norm = next_norm != nullptr && next_norm->out != nullptr;
   if (norm && (!next_norm->weight || !aligned16(next_norm->weight)))
-    invalid("moe_fp4: next_norm needs a 16-byte aligned weight");
+    invalid("moe_quantized: next_norm needs a 16-byte aligned weight");
   launch_chained(moe_combine_kernel, unsigned(m), combine_threads, 0, s, y, ids, route_weights, k, int(E), int(H),
                  residual, norm ? next_norm->weight : nullptr, norm ? next_norm->eps : 0.0f,
                  norm ? next_norm->out : nullptr);
