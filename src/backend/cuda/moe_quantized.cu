@@ -4,9 +4,9 @@
 //
 // One call = route (sort the (token, j) slots by expert on the device, no host round trip) →
 // expert products → weighted combine into the residual. Two product paths:
-// - decode (few tokens per expert): mxfp4_decode.cuh, each active expert's weights streamed once
+// - decode (few tokens per expert): moe_decode.cuh, each active expert's weights streamed once
 //   for all of its tokens, SwiGLU fused into the gate_up kernel;
-// - prefill (many): mxfp4_gemm.cuh, a grouped tensor-core GEMM over expert-sorted row tiles with
+// - prefill (many): moe_gemm.cuh, a grouped tensor-core GEMM over expert-sorted row tiles with
 //   the weights decoded in registers, SwiGLU fused into its epilogue.
 // The combine adds each token's k contributions in slot order, so the result is deterministic.
 // Launch shapes depend only on (m, k) and the weights, and the only memory used is the caller's
@@ -17,9 +17,9 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
-#include "backend/cuda/mxfp4_decode.cuh"
-#include "backend/cuda/mxfp4_gemm.cuh"
-#include "backend/cuda/mxfp4_moe.cuh"
+#include "backend/cuda/moe_decode.cuh"
+#include "backend/cuda/moe_gemm.cuh"
+#include "backend/cuda/moe_common.cuh"
 #include "backend/cuda/ops.h"
 
 namespace anvil::cuda {

@@ -10,7 +10,7 @@
 #include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/mxfp4_common.cuh"
-#include "backend/cuda/mxfp4_moe.cuh"
+#include "backend/cuda/moe_common.cuh"
 
 namespace anvil::cuda::moe {
 

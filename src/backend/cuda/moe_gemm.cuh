@@ -1,17 +1,17 @@
 #pragma once
 // The MoE's tensor-core path (prefill: many tokens per expert). A grouped GEMM over row tiles of
 // the expert-sorted activations: block (tile, n) multiplies kBM sorted rows of one expert by a
-// 128-row slice of that expert's MXFP4 matrix. Activations (bf16, columns pre-permuted, see
-// mxfp4_common.cuh) and raw weight bytes flow through a multi-stage cp.async pipeline; each warp
-// decodes its own weight fragments from shared memory into registers (W4A16) and feeds
-// mma.sync m16n8k16. Shared memory stays under SM120's 99 KB.
+// 128-row slice of that expert's MXFP4, NVFP4 or FP8 matrix. Activations (bf16, columns
+// pre-permuted, see mxfp4_common.cuh) and raw weight bytes flow through a multi-stage cp.async
+// pipeline; each warp decodes its own weight fragments from shared memory into registers (W4A16,
+// W8A16) and feeds mma.sync m16n8k16. Shared memory stays under SM120's 99 KB.
 #include <type_traits>
 
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/mxfp4_common.cuh"
-#include "backend/cuda/mxfp4_moe.cuh"
+#include "backend/cuda/moe_common.cuh"
 
 namespace anvil::cuda::moe {
 
