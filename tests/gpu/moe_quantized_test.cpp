@@ -426,11 +426,12 @@ TEST(CudaMoe, ScalesAbove128) {
   }
 }
 
-TEST(CudaMoe, GptOss20bShapesWithSpeed) {
+// The gpt-oss-20b expert shapes at the given m, checked and timed (the speed is informational).
+void time_gpt_oss_20b_shapes(Scaling scaling, uint64_t seed, std::initializer_list<int64_t> ms) {
   ANVIL_REQUIRE_GPU();
-  Rng rng(23);
-  const Experts ex({32, 2880, 2880, 4}, rng);
-  for (int64_t m : {1, 8, 64, 2048}) {
+  Rng rng(seed);
+  const Experts ex({32, 2880, 2880, 4}, rng, scaling);
+  for (int64_t m : ms) {
     const auto routed = route_on_gpu(m, ex.shape, rng);
     RunOptions options;
     options.timing_runs = m >= 2048 ? 10 : 50;
@@ -439,50 +440,71 @@ TEST(CudaMoe, GptOss20bShapesWithSpeed) {
   }
 }
 
-// NVFP4 experts through both paths: the decode kernels (few tokens per expert, also H = 288, which
-// only they take) and the grouped GEMM, with E4M3 block scales (subnormal and zero ones included)
-// and a global scale per expert and matrix.
-TEST(CudaMoeNvfp4, RandomRoutingBothPaths) {
+// Both paths: the decode kernels (few tokens per expert, and H = 288, which only they take) and
+// the grouped GEMM.
+void check_both_paths(Scaling scaling, uint64_t seed) {
   ANVIL_REQUIRE_GPU();
-  Rng rng(31);
-  const Experts ex({8, 256, 384, 2}, rng, Scaling::Nvfp4);
+  Rng rng(seed);
+  const Experts ex({8, 256, 384, 2}, rng, scaling);
   for (int64_t m : {1, 3, 17, 64, 300, 2048}) {
     const auto routed = route_on_gpu(m, ex.shape, rng);
     run_moe(ex, m, routed, rng);
   }
-  const Experts odd({4, 288, 96, 2}, rng, Scaling::Nvfp4);
+  const Experts odd({4, 288, 96, 2}, rng, scaling);
   for (int64_t m : {1, 40, 300}) {
     const auto routed = route_on_gpu(m, odd.shape, rng);
     run_moe(odd, m, routed, rng);
   }
 }
 
-TEST(CudaMoeNvfp4, GptOss20bShapesWithSpeed) {
-  ANVIL_REQUIRE_GPU();
-  Rng rng(37);
-  const Experts ex({32, 2880, 2880, 4}, rng, Scaling::Nvfp4);
-  for (int64_t m : {1, 64, 2048}) {
-    const auto routed = route_on_gpu(m, ex.shape, rng);
-    RunOptions options;
-    options.timing_runs = m >= 2048 ? 10 : 50;
-    options.checked_rows = m >= 64 ? 6 : 8;
-    run_moe(ex, m, routed, rng, options);
-  }
-}
+TEST(CudaMoe, GptOss20bShapesWithSpeed) { time_gpt_oss_20b_shapes(Scaling::Mxfp4, 23, {1, 8, 64, 2048}); }
 
-// The device quantizer against the CPU's quantize_linear, byte for byte: MXFP4 experts (scales
-// from 2^-20 to 2^8, so some blocks' E4M3 scales are subnormal, one all-zero expert) re-quantized
-// to NVFP4 on the GPU give the CPU's codes, block scales and global scale; a non-finite weight
-// (scale 255 makes infinity) is reported by its row.
+// NVFP4 experts through both paths, with E4M3 block scales (subnormal and zero ones included) and
+// a global scale per expert and matrix.
+TEST(CudaMoeNvfp4, RandomRoutingBothPaths) { check_both_paths(Scaling::Nvfp4, 31); }
+
+TEST(CudaMoeNvfp4, GptOss20bShapesWithSpeed) { time_gpt_oss_20b_shapes(Scaling::Nvfp4, 37, {1, 64, 2048}); }
+
+// The device quantizer against the CPU's quantize_linear, byte for byte: MXFP4 experts
+// re-quantized to NVFP4 on the GPU give the CPU's codes, block scales and global scale; a
+// non-finite weight is reported by its row.
+// Random MXFP4 experts for the device quantizers: scales from 2^-20 to 2^8 (so some NVFP4 block
+// scales are subnormal), expert 1 all zero.
+struct MxfpExperts {
+  int64_t experts = 3, rows = 40, in = 96;
+  std::vector<uint8_t> codes, mx;
+  explicit MxfpExperts(Rng& rng) : codes(size_t(experts * rows * in / 2)), mx(size_t(experts * rows * in / 32)) {
+    for (auto& c : codes) c = uint8_t(rng.next());
+    for (auto& s : mx) s = uint8_t(107 + rng.next() % 29);
+    std::fill(codes.begin() + rows * in / 2, codes.begin() + rows * in, uint8_t(0));
+  }
+  // Expert e quantized by the CPU's quantize_linear.
+  QuantizedLinear on_cpu(int64_t e, WeightFormat target) const {
+    LinearWeight source;
+    source.format = WeightFormat::MXFP4;
+    source.out_features = rows;
+    source.in_features = in;
+    source.data = codes.data() + e * rows * in / 2;
+    source.scales = mx.data() + e * rows * in / 32;
+    ThreadPool pool(2);
+    return quantize_linear(source, target, "expert", pool);
+  }
+  // The MXFP4 scales with one made 255 (2^128), so a nonzero code of flattened row bad_row is
+  // infinite.
+  std::vector<uint8_t> mx_with_infinity(int64_t bad_row) const {
+    std::vector<uint8_t> bad = mx;
+    bad[size_t(bad_row * in / 32 + 1)] = 255;
+    return bad;
+  }
+};
+
 TEST(CudaMoeNvfp4, DeviceQuantizerMatchesTheCpu) {
   ANVIL_REQUIRE_GPU();
   Rng rng(41);
-  const int64_t experts = 3, rows = 40, in = 96;
-  std::vector<uint8_t> codes(size_t(experts * rows * in / 2)), mx(size_t(experts * rows * in / 32));
-  for (auto& c : codes) c = uint8_t(rng.next());
-  for (size_t i = 0; i < mx.size(); ++i) mx[i] = uint8_t(107 + rng.next() % 29);
-  for (int64_t i = 0; i < rows * in / 2; ++i) codes[size_t(rows * in / 2 + i)] = 0;  // expert 1: all zero
-  auto d_codes = to_device(codes), d_mx = to_device(mx);
+  const MxfpExperts input(rng);
+  const int64_t experts = input.experts, rows = input.rows, in = input.in;
+  const auto& codes = input.codes;
+  auto d_codes = to_device(codes), d_mx = to_device(input.mx);
   cuda::DeviceBuffer d_nv(size_t(experts * rows * in / 16)), d_global(size_t(experts) * 4);
   ASSERT_EQ(cuda::quantize_mxfp4_experts_to_nvfp4(d_codes.get<uint8_t>(), d_mx.get<uint8_t>(), experts, rows, in,
                                                   d_nv.get<uint8_t>(), d_global.get<float>(), nullptr),
@@ -490,15 +512,8 @@ TEST(CudaMoeNvfp4, DeviceQuantizerMatchesTheCpu) {
   const auto got_codes = to_host<uint8_t>(d_codes, codes.size());
   const auto got_scales = to_host<uint8_t>(d_nv, size_t(experts * rows * in / 16));
   const auto got_global = to_host<float>(d_global, size_t(experts));
-  ThreadPool pool(2);
   for (int64_t e = 0; e < experts; ++e) {
-    LinearWeight source;
-    source.format = WeightFormat::MXFP4;
-    source.out_features = rows;
-    source.in_features = in;
-    source.data = codes.data() + e * rows * in / 2;
-    source.scales = mx.data() + e * rows * in / 32;
-    const QuantizedLinear want = quantize_linear(source, WeightFormat::NVFP4, "expert", pool);
+    const QuantizedLinear want = input.on_cpu(e, WeightFormat::NVFP4);
     EXPECT_EQ(got_global[size_t(e)], want.weight().global_scale) << "expert " << e;
     const auto* want_codes = static_cast<const uint8_t*>(want.weight().data);
     for (int64_t i = 0; i < rows * in / 2; ++i)
@@ -506,70 +521,33 @@ TEST(CudaMoeNvfp4, DeviceQuantizerMatchesTheCpu) {
     for (int64_t i = 0; i < rows * in / 16; ++i)
       ASSERT_EQ(got_scales[size_t(e * rows * in / 16 + i)], want.weight().scales[i]) << "expert " << e << " scale " << i;
   }
-  // Scale 255 is 2^128: a nonzero code there is infinite.
-  std::vector<uint8_t> bad_mx = mx;
-  bad_mx[size_t((2 * rows + 7) * in / 32 + 1)] = 255;
-  auto d_codes2 = to_device(codes), d_bad = to_device(bad_mx);
+  auto d_codes2 = to_device(codes), d_bad = to_device(input.mx_with_infinity(2 * rows + 7));
   EXPECT_EQ(cuda::quantize_mxfp4_experts_to_nvfp4(d_codes2.get<uint8_t>(), d_bad.get<uint8_t>(), experts, rows, in,
                                                   d_nv.get<uint8_t>(), d_global.get<float>(), nullptr),
             2 * rows + 7);
 }
 
 // FP8 experts (E4M3 codes in the expert layout, a scale per row) through both paths.
-TEST(CudaMoeFp8, RandomRoutingBothPaths) {
-  ANVIL_REQUIRE_GPU();
-  Rng rng(43);
-  const Experts ex({8, 256, 384, 2}, rng, Scaling::Fp8);
-  for (int64_t m : {1, 3, 17, 64, 300, 2048}) {
-    const auto routed = route_on_gpu(m, ex.shape, rng);
-    run_moe(ex, m, routed, rng);
-  }
-  const Experts odd({4, 288, 96, 2}, rng, Scaling::Fp8);
-  for (int64_t m : {1, 40, 300}) {
-    const auto routed = route_on_gpu(m, odd.shape, rng);
-    run_moe(odd, m, routed, rng);
-  }
-}
+TEST(CudaMoeFp8, RandomRoutingBothPaths) { check_both_paths(Scaling::Fp8, 43); }
 
-TEST(CudaMoeFp8, GptOss20bShapesWithSpeed) {
-  ANVIL_REQUIRE_GPU();
-  Rng rng(47);
-  const Experts ex({32, 2880, 2880, 4}, rng, Scaling::Fp8);
-  for (int64_t m : {1, 64, 2048}) {
-    const auto routed = route_on_gpu(m, ex.shape, rng);
-    RunOptions options;
-    options.timing_runs = m >= 2048 ? 10 : 50;
-    options.checked_rows = m >= 64 ? 6 : 8;
-    run_moe(ex, m, routed, rng, options);
-  }
-}
+TEST(CudaMoeFp8, GptOss20bShapesWithSpeed) { time_gpt_oss_20b_shapes(Scaling::Fp8, 47, {1, 64, 2048}); }
 
 // The FP8 device quantizer against the CPU's quantize_linear: the same codes (in the expert
 // layout) and row scales, an all-zero expert getting scale 1, and a non-finite row reported.
 TEST(CudaMoeFp8, DeviceQuantizerMatchesTheCpu) {
   ANVIL_REQUIRE_GPU();
   Rng rng(53);
-  const int64_t experts = 3, rows = 40, in = 96;
-  std::vector<uint8_t> codes(size_t(experts * rows * in / 2)), mx(size_t(experts * rows * in / 32));
-  for (auto& c : codes) c = uint8_t(rng.next());
-  for (size_t i = 0; i < mx.size(); ++i) mx[i] = uint8_t(107 + rng.next() % 29);
-  for (int64_t i = 0; i < rows * in / 2; ++i) codes[size_t(rows * in / 2 + i)] = 0;  // expert 1: all zero
-  auto d_codes = to_device(codes), d_mx = to_device(mx);
+  const MxfpExperts input(rng);
+  const int64_t experts = input.experts, rows = input.rows, in = input.in;
+  auto d_codes = to_device(input.codes), d_mx = to_device(input.mx);
   cuda::DeviceBuffer d_fp8(size_t(experts * rows * in)), d_scales(size_t(experts * rows) * 4);
   ASSERT_EQ(cuda::quantize_mxfp4_experts_to_fp8(d_codes.get<uint8_t>(), d_mx.get<uint8_t>(), experts, rows, in,
                                                 d_fp8.get<uint8_t>(), d_scales.get<float>(), nullptr),
             -1);
   const auto got_codes = to_host<uint8_t>(d_fp8, size_t(experts * rows * in));
   const auto got_scales = to_host<float>(d_scales, size_t(experts * rows));
-  ThreadPool pool(2);
   for (int64_t e = 0; e < experts; ++e) {
-    LinearWeight source;
-    source.format = WeightFormat::MXFP4;
-    source.out_features = rows;
-    source.in_features = in;
-    source.data = codes.data() + e * rows * in / 2;
-    source.scales = mx.data() + e * rows * in / 32;
-    const QuantizedLinear want = quantize_linear(source, WeightFormat::FP8, "expert", pool);
+    const QuantizedLinear want = input.on_cpu(e, WeightFormat::FP8);
     const auto* want_codes = static_cast<const uint8_t*>(want.weight().data);
     for (int64_t r = 0; r < rows; ++r) {
       ASSERT_EQ(got_scales[size_t(e * rows + r)], want.weight().row_scales[r]) << "expert " << e << " row " << r;
@@ -578,9 +556,7 @@ TEST(CudaMoeFp8, DeviceQuantizerMatchesTheCpu) {
             << "expert " << e << " row " << r << " k " << k;
     }
   }
-  std::vector<uint8_t> bad_mx = mx;
-  bad_mx[size_t((2 * rows + 7) * in / 32 + 1)] = 255;  // 2^128: a nonzero code there is infinite
-  auto d_bad = to_device(bad_mx);
+  auto d_bad = to_device(input.mx_with_infinity(2 * rows + 7));
   EXPECT_EQ(cuda::quantize_mxfp4_experts_to_fp8(d_codes.get<uint8_t>(), d_bad.get<uint8_t>(), experts, rows, in,
                                                 d_fp8.get<uint8_t>(), d_scales.get<float>(), nullptr),
             2 * rows + 7);

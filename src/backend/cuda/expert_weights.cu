@@ -3,7 +3,9 @@
 // there, with no host copy. The rule and the rounding are the CPU quantizer's (quantize_linear,
 // e2m1.h, e4m3.h), so both devices hold the same codes and scales.
 #include <climits>
+#include <string>
 
+#include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/ops.h"
@@ -36,43 +38,32 @@ __device__ __forceinline__ void decode_block(const uint8_t* codes, const uint8_t
   }
 }
 
-// One block per flattened row (e * N + n): its largest magnitude, or the row as the first bad one.
-__global__ void __launch_bounds__(kThreads)
-    row_amax_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ mx_scales, int in,
-                    float* __restrict__ row_amax, int* __restrict__ first_bad_row) {
-  __shared__ float warp_max[kThreads / 32];
-  __shared__ int warp_bad[kThreads / 32];
-  const int64_t row = blockIdx.x;
-  const uint8_t* row_codes = codes + row * (in / 2);
-  const uint8_t* row_scales = mx_scales + row * (in / 32);
-  float amax = 0.0f;
-  bool bad = false;
+// The largest magnitude of a row of `in` MXFP4 weights and whether any is not finite, reduced over
+// the block (every thread gets both).
+__device__ void scan_row(const uint8_t* row_codes, const uint8_t* row_mx, int in, float& amax, bool& bad) {
+  amax = 0.0f;
+  bad = false;
   for (int b = threadIdx.x; b < in / 16; b += kThreads) {
     float v[16];
-    decode_block(row_codes, row_scales, b, v);
+    decode_block(row_codes, row_mx, b, v);
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       bad |= !isfinite(v[i]);
       amax = fmaxf(amax, fabsf(v[i]));
     }
   }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    bad |= __shfl_xor_sync(0xffffffffu, int(bad), offset) != 0;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_max[warp] = amax;
-    warp_bad[warp] = bad;
-  }
-  __syncthreads();
+  block_max_and_any<kThreads>(amax, bad);
+}
+
+// One block per flattened row (e * N + n): its largest magnitude, or the row as the first bad one.
+__global__ void __launch_bounds__(kThreads)
+    row_amax_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ mx_scales, int in,
+                    float* __restrict__ row_amax, int* __restrict__ first_bad_row) {
+  const int64_t row = blockIdx.x;
+  float amax;
+  bool bad;
+  scan_row(codes + row * (in / 2), mx_scales + row * (in / 32), in, amax, bad);
   if (threadIdx.x != 0) return;
-  amax = 0.0f;
-  bad = false;
-  for (int w = 0; w < kThreads / 32; ++w) {
-    amax = fmaxf(amax, warp_max[w]);
-    bad |= warp_bad[w] != 0;
-  }
   row_amax[row] = amax;
   if (bad) atomicMin(first_bad_row, int(row));
 }
@@ -80,15 +71,12 @@ __global__ void __launch_bounds__(kThreads)
 // One block per expert: global = amax / (6 * 448), or 1 where that is zero (as on the CPU).
 __global__ void __launch_bounds__(kThreads)
     global_scale_kernel(const float* __restrict__ row_amax, int rows, float* __restrict__ global) {
-  __shared__ float warp_max[kThreads / 32];
   const float* amax_of = row_amax + int64_t(blockIdx.x) * rows;
   float amax = 0.0f;
+  bool unused = false;
   for (int r = threadIdx.x; r < rows; r += kThreads) amax = fmaxf(amax, amax_of[r]);
-  for (int offset = 16; offset > 0; offset /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-  __syncthreads();
+  block_max_and_any<kThreads>(amax, unused);
   if (threadIdx.x != 0) return;
-  for (int w = 0; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
   const float scale = amax / (6.0f * 448.0f);
   global[blockIdx.x] = scale > 0.0f ? scale : 1.0f;
 }
@@ -124,38 +112,12 @@ __global__ void __launch_bounds__(kThreads)
     quantize_fp8_rows_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ mx_scales, int in,
                              uint8_t* __restrict__ fp8_codes, float* __restrict__ row_scales,
                              int* __restrict__ first_bad_row) {
-  __shared__ float warp_max[kThreads / 32];
-  __shared__ int warp_bad[kThreads / 32];
   const int64_t row = blockIdx.x;
   const uint8_t* row_codes = codes + row * (in / 2);
   const uint8_t* row_mx = mx_scales + row * (in / 32);
-  float amax = 0.0f;
-  bool bad = false;
-  for (int b = threadIdx.x; b < in / 16; b += kThreads) {
-    float v[16];
-    decode_block(row_codes, row_mx, b, v);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      bad |= !isfinite(v[i]);
-      amax = fmaxf(amax, fabsf(v[i]));
-    }
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    bad |= __shfl_xor_sync(0xffffffffu, int(bad), offset) != 0;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_max[warp] = amax;
-    warp_bad[warp] = bad;
-  }
-  __syncthreads();
-  amax = 0.0f;
-  bad = false;
-  for (int w = 0; w < kThreads / 32; ++w) {
-    amax = fmaxf(amax, warp_max[w]);
-    bad |= warp_bad[w] != 0;
-  }
+  float amax;
+  bool bad;
+  scan_row(row_codes, row_mx, in, amax, bad);
   if (bad) {
     if (threadIdx.x == 0) atomicMin(first_bad_row, int(row));
     return;  // the whole block
@@ -172,49 +134,57 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-}  // namespace
-
-int64_t quantize_mxfp4_experts_to_fp8(const uint8_t* codes, const uint8_t* mx_scales, int64_t experts, int64_t rows,
-                                      int64_t in_features, uint8_t* fp8_codes, float* row_scales, Stream stream) {
+// The shapes both quantizers take.
+void check_shape(const char* what, const uint8_t* codes, int64_t experts, int64_t rows, int64_t in_features) {
   if (experts < 0 || rows < 0 || in_features <= 0 || in_features % 32 != 0 || experts * rows >= INT32_MAX ||
       in_features > INT32_MAX || reinterpret_cast<uintptr_t>(codes) % 8 != 0)
-    throw_cuda_error("quantize_mxfp4_experts_to_fp8: in_features must be a positive multiple of 32 and codes "
-                     "8-byte aligned",
+    throw_cuda_error((std::string(what) + ": in_features must be a positive multiple of 32 and codes 8-byte aligned").c_str(),
                      int(cudaErrorInvalidValue), __FILE__, __LINE__);
-  const int64_t total_rows = experts * rows;
-  if (total_rows == 0) return -1;
+}
+
+// A row index above any row, for atomicMin.
+DeviceBuffer no_bad_row(Stream stream) {
   DeviceBuffer flag(sizeof(int));
-  memset_device(flag.get(), 0x7f, sizeof(int), stream);  // 0x7f7f7f7f: above any row
-  quantize_fp8_rows_kernel<<<unsigned(total_rows), kThreads, 0, as_stream(stream)>>>(
-      codes, mx_scales, int(in_features), fp8_codes, row_scales, flag.get<int>());
-  ANVIL_CUDA_LAUNCHED();
+  memset_device(flag.get(), 0x7f, sizeof(int), stream);  // 0x7f7f7f7f
+  return flag;
+}
+
+// Waits for the stream; the first bad row the kernels flagged, or -1.
+int64_t first_bad_row(const DeviceBuffer& flag, int64_t total_rows, Stream stream) {
   int first_bad = 0;
   copy_to_host(&first_bad, flag.get(), sizeof(int), stream);
   synchronize(stream);
   return first_bad < total_rows ? first_bad : -1;
 }
 
+}  // namespace
+
+int64_t quantize_mxfp4_experts_to_fp8(const uint8_t* codes, const uint8_t* mx_scales, int64_t experts, int64_t rows,
+                                      int64_t in_features, uint8_t* fp8_codes, float* row_scales, Stream stream) {
+  check_shape("quantize_mxfp4_experts_to_fp8", codes, experts, rows, in_features);
+  const int64_t total_rows = experts * rows;
+  if (total_rows == 0) return -1;
+  const DeviceBuffer flag = no_bad_row(stream);
+  quantize_fp8_rows_kernel<<<unsigned(total_rows), kThreads, 0, as_stream(stream)>>>(
+      codes, mx_scales, int(in_features), fp8_codes, row_scales, flag.get<int>());
+  ANVIL_CUDA_LAUNCHED();
+  return first_bad_row(flag, total_rows, stream);
+}
+
 int64_t quantize_mxfp4_experts_to_nvfp4(uint8_t* codes, const uint8_t* mx_scales, int64_t experts, int64_t rows,
                                         int64_t in_features, uint8_t* nv_scales, float* global, Stream stream) {
-  if (experts < 0 || rows < 0 || in_features <= 0 || in_features % 32 != 0 || experts * rows >= INT32_MAX ||
-      in_features > INT32_MAX || reinterpret_cast<uintptr_t>(codes) % 8 != 0)
-    throw_cuda_error("quantize_mxfp4_experts_to_nvfp4: in_features must be a positive multiple of 32 and codes "
-                     "8-byte aligned",
-                     int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  check_shape("quantize_mxfp4_experts_to_nvfp4", codes, experts, rows, in_features);
   const int64_t total_rows = experts * rows;
   if (total_rows == 0) return -1;
   const cudaStream_t s = as_stream(stream);
   // The global scale needs every row's magnitude before any block is quantized, and a non-finite
   // weight anywhere fails the load before any code is overwritten.
-  DeviceBuffer row_amax(size_t(total_rows) * sizeof(float)), flag(sizeof(int));
-  memset_device(flag.get(), 0x7f, sizeof(int), stream);  // 0x7f7f7f7f: above any row
+  DeviceBuffer row_amax(size_t(total_rows) * sizeof(float));
+  const DeviceBuffer flag = no_bad_row(stream);
   row_amax_kernel<<<unsigned(total_rows), kThreads, 0, s>>>(codes, mx_scales, int(in_features),
                                                             row_amax.get<float>(), flag.get<int>());
   ANVIL_CUDA_LAUNCHED();
-  int first_bad = 0;
-  copy_to_host(&first_bad, flag.get(), sizeof(int), stream);
-  synchronize(stream);
-  if (first_bad < total_rows) return first_bad;
+  if (const int64_t bad = first_bad_row(flag, total_rows, stream); bad >= 0) return bad;
   global_scale_kernel<<<unsigned(experts), kThreads, 0, s>>>(row_amax.get<float>(), int(rows), global);
   ANVIL_CUDA_LAUNCHED();
   const int64_t blocks = total_rows * (in_features / 16);

@@ -4,6 +4,7 @@
 // both devices hold the same codes and scales.
 #include <climits>
 
+#include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/ops.h"
@@ -21,8 +22,6 @@ __device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) { return __ui
 __global__ void __launch_bounds__(kQuantizeThreads)
     quantize_fp8_rows_kernel(const uint16_t* __restrict__ weight, int in, uint8_t* __restrict__ codes,
                              float* __restrict__ row_scales, int* __restrict__ first_bad_row) {
-  __shared__ float warp_max[kQuantizeThreads / 32];
-  __shared__ int warp_bad[kQuantizeThreads / 32];
   const int64_t row = blockIdx.x;
   const uint16_t* src = weight + row * in;
   float amax = 0.0f;
@@ -32,22 +31,7 @@ __global__ void __launch_bounds__(kQuantizeThreads)
     bad |= !isfinite(v);
     amax = fmaxf(amax, fabsf(v));
   }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    bad |= __shfl_xor_sync(0xffffffffu, int(bad), offset) != 0;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    warp_max[warp] = amax;
-    warp_bad[warp] = bad;
-  }
-  __syncthreads();
-  amax = 0.0f;
-  bad = false;
-  for (int w = 0; w < kQuantizeThreads / 32; ++w) {
-    amax = fmaxf(amax, warp_max[w]);
-    bad |= warp_bad[w] != 0;
-  }
+  block_max_and_any<kQuantizeThreads>(amax, bad);
   if (bad) {
     if (threadIdx.x == 0) atomicMin(first_bad_row, int(row));
     return;  // the whole block: the loader fails on it
