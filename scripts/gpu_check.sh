@@ -7,7 +7,8 @@
 #   ANVIL_PREBUILT=dir bash scripts/gpu_check.sh  use dir/anvil and dir/anvil_gpu_tests (built
 #                                                 elsewhere; dir/lib holds their shared libraries)
 # ANVIL_FIXTURES_DIR points at a copy of shared/fixtures (../shared/fixtures by default).
-# ANVIL_BENCH_MODELS lists the configs to benchmark (default: gpt-oss-20b gpt-oss-120b).
+# ANVIL_BENCH_MODELS lists the configs to benchmark (default: gpt-oss-20b gpt-oss-120b);
+# ANVIL_SKIP_QWEN=1 leaves out the Qwen3-30B-A3B runs with quantized experts.
 # ANVIL_BASE=path/to/an/earlier/anvil adds an A/B: per model, that binary and this one alternate
 # twice at batches 1 and 64, so a change is judged against its base under the same clocks and
 # in the same lease (runs differ by a few percent from lease to lease). scripts/gpu_carry.sh
@@ -57,6 +58,13 @@ for model in $MODELS; do bench "$model-fp8" "$model" --quantize-dense fp8 --batc
 for model in $MODELS; do
   for format in nvfp4 fp8; do bench "$model-x$format" "$model" --quantize-experts $format --batches 1,64; done
 done
+# Qwen3-30B-A3B with its bf16 experts quantized at load (they then run on the same MoE kernels;
+# its bf16 experts take CUDA-core kernels that would need minutes for the 2048-token prefill).
+if [ -z "${ANVIL_SKIP_QWEN:-}" ]; then
+  for format in mxfp4 nvfp4 fp8; do
+    bench "qwen3-30b-a3b-x$format" Qwen3-30B-A3B --quantize-experts $format --batches 1,64
+  done
+fi
 if [ -n "${ANVIL_BASE:-}" ]; then
   for model in $MODELS; do
     for round in 1 2; do

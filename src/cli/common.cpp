@@ -124,7 +124,7 @@ void ModelLoadFlags::add_numerics_to(CLI::App& verb) {
   verb.add_option("--quantize-experts", quantize_experts,
                   "Re-quantize the MoE experts at load: none (as stored), mxfp4 (E2M1 + E8M0 per 32; already "
                   "so in gpt-oss), nvfp4 (E2M1 + E4M3 per 16 + a per-tensor scale) or fp8 (E4M3, a scale per "
-                  "output row); gpt-oss re-quantizes its MXFP4 values. CPU, and CUDA for gpt-oss");
+                  "output row); gpt-oss re-quantizes its MXFP4 values. CPU and CUDA");
   verb.add_option("--quantize-dense", quantize_dense,
                   "Re-quantize the attention projections and dense MLPs at load: none, fp8 (E4M3, a scale "
                   "per output row; CPU and CUDA) or mxfp4 (CPU). Embeddings, lm_head, routers and norms always stay "

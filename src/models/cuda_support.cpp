@@ -158,7 +158,7 @@ DeviceWeights::Experts DeviceWeights::experts(const std::string& prefix, int64_t
       fail("{}: expert {} row {} holds a non-finite weight, so the experts cannot be quantized to FP8", prefix,
            bad / rows, bad % rows);
     result.codes = codes;
-    result.global = row_scales;
+    result.row_scales = row_scales;
     return result;
   }
   uint8_t* codes = upload_u8(prefix + "_blocks", {experts, rows, in / 32, 16});
@@ -170,17 +170,46 @@ DeviceWeights::Experts DeviceWeights::experts(const std::string& prefix, int64_t
     cuda::DeviceBuffer mx_scales(size_t(experts * rows * (in / 32)));
     fill_u8(mx_scales.get<uint8_t>(), prefix + "_scales", {experts, rows, in / 32});
     auto* scales = static_cast<uint8_t*>(allocate(size_t(experts * rows * (in / 16))));
-    auto* global = static_cast<float*>(allocate(size_t(experts) * sizeof(float)));
+    auto* row_scales = static_cast<float*>(allocate(size_t(experts * rows) * sizeof(float)));
     const int64_t bad = cuda::quantize_mxfp4_experts_to_nvfp4(codes, mx_scales.get<uint8_t>(), experts, rows, in,
-                                                              scales, global, nullptr);
+                                                              scales, row_scales, nullptr);
     if (bad >= 0)
       fail("{}: expert {} row {} holds a non-finite weight, so the experts cannot be quantized to NVFP4", prefix,
            bad / rows, bad % rows);
     result.scales = scales;
-    result.global = global;
+    result.row_scales = row_scales;
   }
   cuda::mxfp4_pack_codes(codes, size_t(experts * rows * in / 2), nullptr);
   cuda::synchronize();
+  return result;
+}
+
+DeviceWeights::Experts DeviceWeights::quantized_experts(const std::vector<std::vector<std::string>>& names,
+                                                        int64_t rows, int64_t in, cuda::ExpertFormat format) {
+  const int64_t experts = int64_t(names.size()), parts = names.empty() ? 1 : int64_t(names[0].size());
+  const int64_t n = parts * rows, row_bytes = format == cuda::ExpertFormat::FP8 ? in : in / 2;
+  const int64_t scale_cols = format == cuda::ExpertFormat::FP8 ? 0 : in / (format == cuda::ExpertFormat::NVFP4 ? 16 : 32);
+  if (in % 32 != 0) fail("{}: in_features {} is not a multiple of 32, which quantized experts on CUDA need", names[0][0], in);
+  Experts result;
+  auto* codes = static_cast<uint8_t*>(allocate(size_t(experts * n * row_bytes)));
+  auto* scales = scale_cols > 0 ? static_cast<uint8_t*>(allocate(size_t(experts * n * scale_cols))) : nullptr;
+  auto* row_scales = format != cuda::ExpertFormat::MXFP4 ? static_cast<float*>(allocate(size_t(experts * n) * 4)) : nullptr;
+  cuda::DeviceBuffer staging(size_t(rows * in) * 2);
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t part = 0; part < parts; ++part) {
+      const std::string& name = names[size_t(e)][size_t(part)];
+      fill_bf16(staging.get<uint16_t>(), name, {rows, in});
+      const int64_t bad = cuda::quantize_bf16_expert_rows(
+          staging.get<uint16_t>(), rows, in, format, codes + e * n * row_bytes,
+          scales ? scales + e * n * scale_cols : nullptr, row_scales ? row_scales + e * n : nullptr, part, parts, nullptr);
+      if (bad >= 0) fail("{}: row {} holds a non-finite weight, so the expert cannot be quantized", name, bad);
+    }
+  }
+  if (format != cuda::ExpertFormat::FP8) cuda::mxfp4_pack_codes(codes, size_t(experts * n * row_bytes), nullptr);
+  cuda::synchronize();
+  result.codes = codes;
+  result.scales = scales;
+  result.row_scales = row_scales;
   return result;
 }
 

@@ -32,10 +32,17 @@ class DeviceWeights {
   // kernels read (cuda::ExpertFormat). Fails naming the tensor on a non-finite weight.
   struct Experts {
     const uint8_t* codes = nullptr;
-    const uint8_t* scales = nullptr;  // MXFP4, NVFP4
-    const float* global = nullptr;    // NVFP4: [E]; FP8: row scales [E, N]
+    const uint8_t* scales = nullptr;      // MXFP4, NVFP4
+    const float* row_scales = nullptr;    // NVFP4, FP8: [E, N]
   };
   Experts experts(const std::string& prefix, int64_t experts, int64_t rows, int64_t in, cuda::ExpertFormat format);
+  // Per-expert bf16 checkpoint matrices quantized on the device into one expert matrix [E, N, in]
+  // in `format` (--quantize-experts on Qwen3-MoE), by the CPU quantizer's rule for each checkpoint
+  // matrix: names[e] lists expert e's matrices of `rows` rows each, whose rows interleave (gate
+  // and up: row 2j of the result is gate row j, row 2j+1 up row j), N = names[e].size() * rows.
+  // Fails naming the tensor on a non-finite weight.
+  Experts quantized_experts(const std::vector<std::vector<std::string>>& names, int64_t rows, int64_t in,
+                            cuda::ExpertFormat format);
   // Small float tensors (norms, biases, sinks), through load_f32.
   const float* f32(const std::string& name, const std::vector<int64_t>& shape);
   const float* upload(const std::vector<float>& host);

@@ -378,11 +378,11 @@ class GptOss : public Model {
       e.format = experts_format;
       e.gate_up_blocks = gate_up.codes;
       e.gate_up_scales = gate_up.scales;
-      e.gate_up_global = gate_up.global;
+      e.gate_up_row_scales = gate_up.row_scales;
       e.gate_up_bias = w.f32(m + "gate_up_proj_bias", {experts, 2 * width});
       e.down_blocks = down.codes;
       e.down_scales = down.scales;
-      e.down_global = down.global;
+      e.down_row_scales = down.row_scales;
       e.down_bias = w.f32(m + "down_proj_bias", {experts, hidden});
       e.num_experts = experts;
       e.hidden = hidden;

@@ -37,6 +37,9 @@ struct Qwen3CudaLayer {
   cuda::DenseWeight gate_up, down;  // dense MLP: gate rows then up rows
   const uint16_t* router = nullptr;
   cuda::MoeBf16Weights experts;
+  // --quantize-experts: the experts in MXFP4, NVFP4 or FP8 on the quantized-MoE kernels instead.
+  bool quantized = false;
+  cuda::QuantizedExperts quantized_experts;
 };
 
 struct Qwen3Cuda {
@@ -46,6 +49,7 @@ struct Qwen3Cuda {
   const uint16_t *embed_tokens = nullptr, *lm_head = nullptr;
   const float *final_norm = nullptr, *inv_freq = nullptr;
   bool exact = false;  // --dtype float32
+  bool any_quantized_experts = false;
   CudaStepRunner runner;
 };
 #endif
@@ -59,7 +63,7 @@ class Qwen3 : public Model {
       fail("quantized Qwen3 checkpoints are not supported yet (quantization_config.quant_method)");
 #if ANVIL_WITH_CUDA
     if (options.device == Device::Cuda) {
-      load_cuda(options.quantize_dense == WeightFormat::FP8);
+      load_cuda(options.quantize_dense == WeightFormat::FP8, options.quantize_experts);
       cuda_->exact = options.dtype == ComputeDtype::F32;
       cuda_->runner.graphs_enabled = !options.enforce_eager;
       return;
@@ -72,16 +76,28 @@ class Qwen3 : public Model {
     if (device_ == Device::Cuda) {
       const auto& c = config_;
       const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
-      // FP8 dense layers (--quantize-dense fp8): a byte per weight and a float per row.
+      // FP8 dense layers (--quantize-dense fp8): a byte per weight and a float per row. Experts
+      // (--quantize-experts): per 32 weights 16 bytes of FP4 codes and 1 (MXFP4) or 2 (NVFP4) scale
+      // bytes, or 32 FP8 bytes, plus a float per row for NVFP4 and FP8.
       bool fp8 = false;
+      int64_t expert_bytes_per_32 = 64, expert_bytes_per_row = 0;  // bf16
 #if ANVIL_WITH_CUDA
       fp8 = cuda_ && !cuda_->layers.empty() && cuda_->layers[0].o_proj.format == cuda::DenseWeight::Format::FP8;
+      for (size_t l = 0; cuda_ && l < cuda_->layers.size(); ++l) {
+        const auto& layer = cuda_->layers[l];
+        if (!layer.quantized) continue;
+        const cuda::ExpertFormat format = layer.quantized_experts.format;
+        expert_bytes_per_32 = format == cuda::ExpertFormat::FP8 ? 32 : format == cuda::ExpertFormat::NVFP4 ? 18 : 17;
+        expert_bytes_per_row = format == cuda::ExpertFormat::MXFP4 ? 0 : 4;
+      }
 #endif
       auto dense = [&](int64_t out, int64_t in) { return fp8 ? out * in + 4 * out : 2 * out * in; };
+      auto expert = [&](int64_t out, int64_t in) { return out * in / 32 * expert_bytes_per_32 + out * expert_bytes_per_row; };
       int64_t bytes = h * 2 + c.vocab_size * h * 2;
       for (int64_t l = 0; l < c.num_layers; ++l) {
         bytes += dense(q + 2 * kv, h) + dense(h, q);
-        bytes += c.is_moe_layer(l) ? 2 * (c.num_experts * h + c.num_experts_per_tok * 3 * h * c.moe_intermediate_size)
+        const int64_t i = c.moe_intermediate_size;
+        bytes += c.is_moe_layer(l) ? 2 * c.num_experts * h + c.num_experts_per_tok * (expert(2 * i, h) + expert(h, i))
                                    : dense(2 * c.intermediate_size, h) + dense(h, c.intermediate_size);
       }
       return size_t(bytes);
@@ -259,7 +275,12 @@ class Qwen3 : public Model {
     float* router_logits = run.arena.get<float>(9, rows * experts);
     int32_t* expert_ids = run.arena.get<int32_t>(10, rows * top_k);
     float* expert_weights = run.arena.get<float>(11, rows * top_k);
-    const size_t moe_bytes = cuda::moe_bf16_workspace_bytes(rows, int(top_k), std::max<int64_t>(c.moe_intermediate_size, 1));
+    const int64_t moe_width = std::max<int64_t>(c.moe_intermediate_size, 1);
+    size_t moe_bytes = cuda::moe_bf16_workspace_bytes(rows, int(top_k), moe_width);
+    if (g.any_quantized_experts)
+      moe_bytes = std::max(moe_bytes, exact ? cuda::moe_quantized_f32_workspace_bytes(rows, int(top_k), moe_width)
+                                            : cuda::moe_quantized_workspace_bytes(rows, int(top_k), experts, hidden,
+                                                                                  moe_width));
     void* moe_workspace = run.arena.get<uint8_t>(12, int64_t(moe_bytes));
     const size_t attention_bytes = cuda::attention_workspace_bytes(rows, c.num_heads, head_dim);
     void* attention_workspace = run.arena.get_zeroed<uint8_t>(13, int64_t(attention_bytes), stream);
@@ -311,8 +332,18 @@ class Qwen3 : public Model {
         cuda::linear_f32_input(layer.router, nullptr, h_f32, rows, c.num_experts, hidden, router_logits, stream);
         cuda::moe_softmax_topk(router_logits, rows, c.num_experts, int(top_k), c.norm_topk_prob, expert_ids,
                                expert_weights, stream);
-        cuda::moe_bf16(layer.experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace, moe_bytes,
-                       stream);
+        if (!layer.quantized) {
+          cuda::moe_bf16(layer.experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace,
+                         moe_bytes, stream);
+        } else if (exact) {
+          cuda::moe_quantized_f32(layer.quantized_experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x,
+                                  moe_workspace, moe_bytes, stream);
+        } else {
+          // The tensor-core kernels take the normed input in bf16, as every other matrix product.
+          cuda::rms_norm_to_bf16(x, rows, hidden, layer.post_attention_norm, eps, h, stream);
+          cuda::moe_quantized(layer.quantized_experts, h, rows, int(top_k), expert_ids, expert_weights, x,
+                              moe_workspace, moe_bytes, stream);
+        }
       } else {
         normed_linear(x, layer.post_attention_norm, layer.gate_up, 2 * c.intermediate_size, gate_up);
         if (exact) {
@@ -350,8 +381,9 @@ class Qwen3 : public Model {
   }
 
   // fp8: the attention projections and dense MLPs quantized to FP8 on the device
-  // (--quantize-dense fp8).
-  void load_cuda(bool fp8) {
+  // (--quantize-dense fp8); experts_format: the MoE experts quantized on the device
+  // (--quantize-experts), each checkpoint matrix by the CPU quantizer's rule.
+  void load_cuda(bool fp8, std::optional<WeightFormat> experts_format) {
     const auto& c = config_;
     cuda_ = std::make_unique<Qwen3Cuda>(*weights_);
     DeviceWeights& w = cuda_->weights;
@@ -383,11 +415,38 @@ class Qwen3 : public Model {
           down_names.push_back(ep + ".down_proj.weight");
           down_rows.push_back(hidden);
         }
-        layer.experts.gate_up = w.stacked_bf16(gate_up_names, gate_up_rows, hidden);
-        layer.experts.down = w.stacked_bf16(down_names, down_rows, width);
-        layer.experts.num_experts = experts;
-        layer.experts.hidden = hidden;
-        layer.experts.intermediate = width;
+        if (experts_format) {
+          const cuda::ExpertFormat format = *experts_format == WeightFormat::FP8     ? cuda::ExpertFormat::FP8
+                                            : *experts_format == WeightFormat::NVFP4 ? cuda::ExpertFormat::NVFP4
+                                                                                     : cuda::ExpertFormat::MXFP4;
+          std::vector<std::vector<std::string>> gate_up_parts, down_parts;
+          for (int64_t e = 0; e < experts; ++e) {
+            gate_up_parts.push_back({gate_up_names[size_t(2 * e)], gate_up_names[size_t(2 * e + 1)]});
+            down_parts.push_back({down_names[size_t(e)]});
+          }
+          const auto gate_up = w.quantized_experts(gate_up_parts, width, hidden, format);
+          const auto down = w.quantized_experts(down_parts, hidden, width, format);
+          cuda::QuantizedExperts& q = layer.quantized_experts;
+          q.format = format;
+          q.activation = cuda::ExpertActivation::SiluMul;
+          q.gate_up_blocks = gate_up.codes;
+          q.gate_up_scales = gate_up.scales;
+          q.gate_up_row_scales = gate_up.row_scales;
+          q.down_blocks = down.codes;
+          q.down_scales = down.scales;
+          q.down_row_scales = down.row_scales;
+          q.num_experts = experts;
+          q.hidden = hidden;
+          q.intermediate = width;
+          layer.quantized = true;
+          cuda_->any_quantized_experts = true;
+        } else {
+          layer.experts.gate_up = w.stacked_bf16(gate_up_names, gate_up_rows, hidden);
+          layer.experts.down = w.stacked_bf16(down_names, down_rows, width);
+          layer.experts.num_experts = experts;
+          layer.experts.hidden = hidden;
+          layer.experts.intermediate = width;
+        }
       } else {
         const int64_t width = c.intermediate_size;
         layer.gate_up = w.dense({p + ".mlp.gate_proj.weight", p + ".mlp.up_proj.weight"}, {width, width}, hidden, fp8);

@@ -96,10 +96,7 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, std::unique_ptr<W
   if (found == factories.end()) fail("architecture '{}' is not supported", config.architecture);
   if (options.device == Device::Cuda) {
     // Checked before any GPU is looked for, so the answer is the same with or without one.
-    // gpt-oss's experts are MXFP4 already; NVFP4 is re-quantized from them on the GPU. Qwen3-MoE's
-    // bf16 experts have no FP4 kernels on CUDA yet.
-    if (options.quantize_experts && config.architecture != "GptOssForCausalLM")
-      fail("--quantize-experts: on CUDA only gpt-oss experts can be quantized (it applies to --device cpu)");
+
     if (options.quantize_dense && *options.quantize_dense != WeightFormat::FP8)
       fail("--quantize-dense: CUDA quantizes dense layers to fp8 only (mxfp4 applies to --device cpu)");
     cuda::select_device(options.cuda_device);

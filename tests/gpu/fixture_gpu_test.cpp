@@ -122,7 +122,7 @@ TEST_P(FixtureGpuTest, LogitsAndTeacherForcedGreedyMatchTheReference) {
 // (0.144) is too small for the first bound: quantized, the tiny model sits nearer some routing
 // ties. A lost scale, a wrong k order or a dropped bias shows far above either bound; the exact
 // check is the float32 mode's.
-enum class Quantized { Fp8Dense, Nvfp4Experts, Fp8Experts };
+enum class Quantized { Fp8Dense, Nvfp4Experts, Fp8Experts, Mxfp4Experts };
 
 class FixtureGpuQuantizedTest : public ::testing::TestWithParam<std::tuple<std::string, ComputeDtype, Quantized>> {};
 
@@ -132,7 +132,8 @@ std::string quantized_name(const ::testing::TestParamInfo<std::tuple<std::string
   return fixture_and_dtype_name(base) +
          (std::get<2>(info.param) == Quantized::Fp8Dense       ? "_fp8_dense"
           : std::get<2>(info.param) == Quantized::Nvfp4Experts ? "_nvfp4_experts"
-                                                               : "_fp8_experts");
+          : std::get<2>(info.param) == Quantized::Fp8Experts   ? "_fp8_experts"
+                                                               : "_mxfp4_experts");
 }
 
 TEST_P(FixtureGpuQuantizedTest, FollowsTheCpuModelQuantizedTheSameWay) {
@@ -144,7 +145,9 @@ TEST_P(FixtureGpuQuantizedTest, FollowsTheCpuModelQuantizedTheSameWay) {
   if (what == Quantized::Fp8Dense)
     quantized.quantize_dense = WeightFormat::FP8;
   else
-    quantized.quantize_experts = what == Quantized::Nvfp4Experts ? WeightFormat::NVFP4 : WeightFormat::FP8;
+    quantized.quantize_experts = what == Quantized::Nvfp4Experts ? WeightFormat::NVFP4
+                                 : what == Quantized::Fp8Experts ? WeightFormat::FP8
+                                                                 : WeightFormat::MXFP4;
   auto cpu_quantized = load_model(dir, quantized);
   auto cpu = load_model(dir);
   quantized.device = Device::Cuda;
@@ -176,7 +179,10 @@ TEST_P(FixtureGpuQuantizedTest, FollowsTheCpuModelQuantizedTheSameWay) {
   std::printf("[ gpu fixture ] %s %s %s: |gpu - cpu| max %.5f RMS %.5f; the quantization's own effect RMS %.5f; "
               "unquantized |gpu - cpu| RMS %.5f\n",
               std::get<0>(GetParam()).c_str(), exact ? "float32" : "bfloat16",
-              what == Quantized::Fp8Dense ? "fp8 dense" : what == Quantized::Nvfp4Experts ? "nvfp4 experts" : "fp8 experts",
+              what == Quantized::Fp8Dense       ? "fp8 dense"
+              : what == Quantized::Nvfp4Experts ? "nvfp4 experts"
+              : what == Quantized::Fp8Experts   ? "fp8 experts"
+                                                : "mxfp4 experts",
               worst, rms(deviation), rms(effect), rms(noise));
   if (exact) {
     EXPECT_LE(worst, kLogitTolerance);
@@ -193,11 +199,17 @@ INSTANTIATE_TEST_SUITE_P(Fp8Dense, FixtureGpuQuantizedTest,
                                             ::testing::Values(Quantized::Fp8Dense)),
                          quantized_name);
 
-// Only gpt-oss's experts have quantized MoE kernels on CUDA.
 INSTANTIATE_TEST_SUITE_P(QuantizedExperts, FixtureGpuQuantizedTest,
-                         ::testing::Combine(::testing::Values("gpt-oss-tiny"),
+                         ::testing::Combine(::testing::Values("gpt-oss-tiny", "qwen3moe-tiny"),
                                             ::testing::Values(ComputeDtype::F32, ComputeDtype::BF16),
                                             ::testing::Values(Quantized::Nvfp4Experts, Quantized::Fp8Experts)),
+                         quantized_name);
+
+// Qwen3-MoE's bf16 experts also quantize to MXFP4 (gpt-oss's are MXFP4 already: nothing changes).
+INSTANTIATE_TEST_SUITE_P(QwenMxfp4Experts, FixtureGpuQuantizedTest,
+                         ::testing::Combine(::testing::Values("qwen3moe-tiny"),
+                                            ::testing::Values(ComputeDtype::F32, ComputeDtype::BF16),
+                                            ::testing::Values(Quantized::Mxfp4Experts)),
                          quantized_name);
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureGpuTest,

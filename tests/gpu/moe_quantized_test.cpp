@@ -45,20 +45,25 @@ enum class Scaling {
   Fp8,       // E4M3 codes (subnormal ones included) and a scale per row
 };
 
+// The gate_up activation and biases: gpt-oss's clamped SwiGLU with biases, or Qwen3-MoE's
+// silu(gate) · up without.
+enum class Gating { GptOss, Qwen };
+
 // Host copy of one layer's experts plus their device copies.
 struct Experts {
   Shape shape;
-  bool nv = false, fp8 = false;
+  bool nv = false, fp8 = false, qwen = false;
   std::vector<uint8_t> gu_blocks, gu_scales, down_blocks, down_scales;
+  // gu_global / down_global: NVFP4's global scale per expert, FP8's scale per row.
   std::vector<float> gu_bias, down_bias, gu_global, down_global;
-  cuda::DeviceBuffer d_gu_blocks, d_gu_scales, d_gu_bias, d_down_blocks, d_down_scales, d_down_bias, d_gu_global,
-      d_down_global;
+  cuda::DeviceBuffer d_gu_blocks, d_gu_scales, d_gu_bias, d_down_blocks, d_down_scales, d_down_bias, d_gu_row_scales,
+      d_down_row_scales;
   float limit = 7.0f, alpha = 1.702f;
 
   // Weight magnitudes around the dummy loader's choice (2^-ceil(log2(sqrt(fan_in) * 2.6))) so
   // activations stay O(1).
-  Experts(const Shape& s, Rng& rng, Scaling scaling = Scaling::Mxfp4)
-      : shape(s), nv(scaling == Scaling::Nvfp4), fp8(scaling == Scaling::Fp8) {
+  Experts(const Shape& s, Rng& rng, Scaling scaling = Scaling::Mxfp4, Gating gating = Gating::GptOss)
+      : shape(s), nv(scaling == Scaling::Nvfp4), fp8(scaling == Scaling::Fp8), qwen(gating == Gating::Qwen) {
     auto fill = [&](std::vector<uint8_t>& blocks, std::vector<uint8_t>& scales, std::vector<float>& global,
                     std::vector<float>& bias, int64_t rows, int64_t cols) {
       blocks.resize(size_t(s.experts * rows * cols / (fp8 ? 1 : 2)));
@@ -95,8 +100,15 @@ struct Experts {
     };
     fill(gu_blocks, gu_scales, gu_global, gu_bias, 2 * s.intermediate, s.hidden);
     fill(down_blocks, down_scales, down_global, down_bias, s.hidden, s.intermediate);
-    d_gu_global = to_device(gu_global);
-    d_down_global = to_device(down_global);
+    // The kernels take a scale per row: NVFP4's expert-wide global scale repeated over its rows.
+    auto row_scales = [&](const std::vector<float>& scales, int64_t rows) {
+      if (!nv) return to_device(scales);
+      std::vector<float> per_row;
+      for (float g : scales) per_row.insert(per_row.end(), size_t(rows), g);
+      return to_device(per_row);
+    };
+    d_gu_row_scales = row_scales(gu_global, 2 * s.intermediate);
+    d_down_row_scales = row_scales(down_global, s.hidden);
     // The host copies stay in checkpoint order for the reference; the device ones are packed.
     auto device_codes = [&](const std::vector<uint8_t>& host) {
       if (!fp8) {
@@ -119,14 +131,15 @@ struct Experts {
   cuda::QuantizedExperts device() const {
     cuda::QuantizedExperts w;
     w.format = fp8 ? cuda::ExpertFormat::FP8 : nv ? cuda::ExpertFormat::NVFP4 : cuda::ExpertFormat::MXFP4;
-    w.gate_up_global = nv || fp8 ? d_gu_global.get<float>() : nullptr;
-    w.down_global = nv || fp8 ? d_down_global.get<float>() : nullptr;
+    w.activation = qwen ? cuda::ExpertActivation::SiluMul : cuda::ExpertActivation::SwigluOai;
+    w.gate_up_row_scales = nv || fp8 ? d_gu_row_scales.get<float>() : nullptr;
+    w.down_row_scales = nv || fp8 ? d_down_row_scales.get<float>() : nullptr;
     w.gate_up_blocks = d_gu_blocks.get<uint8_t>();
     w.gate_up_scales = d_gu_scales.get<uint8_t>();
-    w.gate_up_bias = d_gu_bias.get<float>();
+    w.gate_up_bias = qwen ? nullptr : d_gu_bias.get<float>();
     w.down_blocks = d_down_blocks.get<uint8_t>();
     w.down_scales = d_down_scales.get<uint8_t>();
-    w.down_bias = d_down_bias.get<float>();
+    w.down_bias = qwen ? nullptr : d_down_bias.get<float>();
     w.num_experts = shape.experts;
     w.hidden = shape.hidden;
     w.intermediate = shape.intermediate;
@@ -145,7 +158,7 @@ struct Experts {
     if (fp8) w.row_scales = gu_global.data() + e * rows;
     if (!fp8) w.scales = gu_scales.data() + e * rows * cols / (nv ? 16 : 32);
     if (nv) w.global_scale = gu_global[size_t(e)];
-    w.bias = gu_bias.data() + e * rows;
+    w.bias = qwen ? nullptr : gu_bias.data() + e * rows;
     return w;
   }
   LinearWeight down(int64_t e) const {
@@ -158,19 +171,26 @@ struct Experts {
     if (fp8) w.row_scales = down_global.data() + e * rows;
     if (!fp8) w.scales = down_scales.data() + e * rows * cols / (nv ? 16 : 32);
     if (nv) w.global_scale = down_global[size_t(e)];
-    w.bias = down_bias.data() + e * rows;
+    w.bias = qwen ? nullptr : down_bias.data() + e * rows;
     return w;
   }
 
   // The MoE's contribution for one token (before adding to the residual), as gpt_oss.cpp's
-  // run_expert computes it.
+  // run_expert computes it (or qwen3.cpp's, with interleaved gate and up rows).
   std::vector<float> reference(const float* h, const int32_t* ids, const float* weights) const {
     const int64_t H = shape.hidden, I = shape.intermediate;
     std::vector<float> out(static_cast<size_t>(H), 0.0f), gu(static_cast<size_t>(2 * I)), act(static_cast<size_t>(I)),
         y(static_cast<size_t>(H));
     for (int j = 0; j < shape.k; ++j) {
       linear_forward_reference(gate_up(ids[j]), h, 1, gu.data());
-      cpu::swiglu_oai(gu.data(), 1, I, limit, act.data());
+      if (qwen) {
+        for (int64_t i = 0; i < I; ++i) {
+          const float gate = gu[size_t(2 * i)], up = gu[size_t(2 * i + 1)];
+          act[size_t(i)] = gate / (1.0f + std::exp(-gate)) * up;
+        }
+      } else {
+        cpu::swiglu_oai(gu.data(), 1, I, limit, act.data());
+      }
       linear_forward_reference(down(ids[j]), act.data(), 1, y.data());
       for (int64_t i = 0; i < H; ++i) out[size_t(i)] += weights[j] * y[size_t(i)];
     }
@@ -442,15 +462,15 @@ void time_gpt_oss_20b_shapes(Scaling scaling, uint64_t seed, std::initializer_li
 
 // Both paths: the decode kernels (few tokens per expert, and H = 288, which only they take) and
 // the grouped GEMM.
-void check_both_paths(Scaling scaling, uint64_t seed) {
+void check_both_paths(Scaling scaling, uint64_t seed, Gating gating = Gating::GptOss) {
   ANVIL_REQUIRE_GPU();
   Rng rng(seed);
-  const Experts ex({8, 256, 384, 2}, rng, scaling);
+  const Experts ex({8, 256, 384, 2}, rng, scaling, gating);
   for (int64_t m : {1, 3, 17, 64, 300, 2048}) {
     const auto routed = route_on_gpu(m, ex.shape, rng);
     run_moe(ex, m, routed, rng);
   }
-  const Experts odd({4, 288, 96, 2}, rng, scaling);
+  const Experts odd({4, 288, 96, 2}, rng, scaling, gating);
   for (int64_t m : {1, 40, 300}) {
     const auto routed = route_on_gpu(m, odd.shape, rng);
     run_moe(odd, m, routed, rng);
@@ -505,16 +525,17 @@ TEST(CudaMoeNvfp4, DeviceQuantizerMatchesTheCpu) {
   const int64_t experts = input.experts, rows = input.rows, in = input.in;
   const auto& codes = input.codes;
   auto d_codes = to_device(codes), d_mx = to_device(input.mx);
-  cuda::DeviceBuffer d_nv(size_t(experts * rows * in / 16)), d_global(size_t(experts) * 4);
+  cuda::DeviceBuffer d_nv(size_t(experts * rows * in / 16)), d_row_scales(size_t(experts * rows) * 4);
   ASSERT_EQ(cuda::quantize_mxfp4_experts_to_nvfp4(d_codes.get<uint8_t>(), d_mx.get<uint8_t>(), experts, rows, in,
-                                                  d_nv.get<uint8_t>(), d_global.get<float>(), nullptr),
+                                                  d_nv.get<uint8_t>(), d_row_scales.get<float>(), nullptr),
             -1);
   const auto got_codes = to_host<uint8_t>(d_codes, codes.size());
   const auto got_scales = to_host<uint8_t>(d_nv, size_t(experts * rows * in / 16));
-  const auto got_global = to_host<float>(d_global, size_t(experts));
+  const auto got_row_scales = to_host<float>(d_row_scales, size_t(experts * rows));
   for (int64_t e = 0; e < experts; ++e) {
     const QuantizedLinear want = input.on_cpu(e, WeightFormat::NVFP4);
-    EXPECT_EQ(got_global[size_t(e)], want.weight().global_scale) << "expert " << e;
+    for (int64_t r = 0; r < rows; ++r)  // every row carries its expert's global scale
+      ASSERT_EQ(got_row_scales[size_t(e * rows + r)], want.weight().global_scale) << "expert " << e << " row " << r;
     const auto* want_codes = static_cast<const uint8_t*>(want.weight().data);
     for (int64_t i = 0; i < rows * in / 2; ++i)
       ASSERT_EQ(got_codes[size_t(e * rows * in / 2 + i)], want_codes[i]) << "expert " << e << " byte " << i;
@@ -523,7 +544,7 @@ TEST(CudaMoeNvfp4, DeviceQuantizerMatchesTheCpu) {
   }
   auto d_codes2 = to_device(codes), d_bad = to_device(input.mx_with_infinity(2 * rows + 7));
   EXPECT_EQ(cuda::quantize_mxfp4_experts_to_nvfp4(d_codes2.get<uint8_t>(), d_bad.get<uint8_t>(), experts, rows, in,
-                                                  d_nv.get<uint8_t>(), d_global.get<float>(), nullptr),
+                                                  d_nv.get<uint8_t>(), d_row_scales.get<float>(), nullptr),
             2 * rows + 7);
 }
 
@@ -562,6 +583,71 @@ TEST(CudaMoeFp8, DeviceQuantizerMatchesTheCpu) {
             2 * rows + 7);
 }
 
+// Qwen3-MoE's bf16 experts quantized on the device against the CPU's quantize_linear of each
+// checkpoint matrix, byte for byte, in every format: gate and up interleaved into one matrix
+// (row_step 2), rows spanning 2^-24 to 2^6 (subnormal E4M3 block scales), a zero row; a NaN is
+// reported by its row.
+TEST(CudaMoe, Bf16ExpertQuantizerMatchesTheCpu) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(71);
+  const int64_t rows = 24, in = 96;
+  std::vector<std::vector<uint16_t>> parts(2, std::vector<uint16_t>(size_t(rows * in)));
+  for (auto& part : parts) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < in; ++i)
+        part[size_t(r * in + i)] = r == 5 ? 0 : f32_to_bf16(std::ldexp(rng.uniform(), int(r) - 18 + int(i / 32)));
+  }
+  ThreadPool pool(2);
+  for (const auto format : {cuda::ExpertFormat::MXFP4, cuda::ExpertFormat::NVFP4, cuda::ExpertFormat::FP8}) {
+    SCOPED_TRACE(int(format));
+    const bool fp8 = format == cuda::ExpertFormat::FP8, nv = format == cuda::ExpertFormat::NVFP4;
+    const WeightFormat target = fp8 ? WeightFormat::FP8 : nv ? WeightFormat::NVFP4 : WeightFormat::MXFP4;
+    const int64_t row_bytes = fp8 ? in : in / 2, scale_cols = fp8 ? 0 : in / (nv ? 16 : 32);
+    cuda::DeviceBuffer codes(size_t(2 * rows * row_bytes)), scales(size_t(std::max<int64_t>(1, 2 * rows * scale_cols))),
+        row_scales(size_t(2 * rows) * 4);
+    for (int part = 0; part < 2; ++part) {
+      auto d_part = to_device(parts[size_t(part)]);
+      ASSERT_EQ(cuda::quantize_bf16_expert_rows(d_part.get<uint16_t>(), rows, in, format, codes.get<uint8_t>(),
+                                                scales.get<uint8_t>(), row_scales.get<float>(), part, 2, nullptr),
+                -1);
+    }
+    const auto got_codes = to_host<uint8_t>(codes, size_t(2 * rows * row_bytes));
+    const auto got_scales = to_host<uint8_t>(scales, size_t(2 * rows * scale_cols));
+    const auto got_row_scales = to_host<float>(row_scales, size_t(2 * rows));
+    for (int part = 0; part < 2; ++part) {
+      LinearWeight source;
+      source.format = WeightFormat::BF16;
+      source.out_features = rows;
+      source.in_features = in;
+      source.data = parts[size_t(part)].data();
+      const QuantizedLinear want = quantize_linear(source, target, "expert", pool);
+      const auto* want_codes = static_cast<const uint8_t*>(want.weight().data);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t out_row = 2 * r + part;
+        for (int64_t i = 0; i < row_bytes; ++i) {
+          const int64_t at = fp8 ? cuda::fp8::expert_position(int(i)) : i;
+          ASSERT_EQ(got_codes[size_t(out_row * row_bytes + at)], want_codes[r * row_bytes + i])
+              << "part " << part << " row " << r << " byte " << i;
+        }
+        for (int64_t i = 0; i < scale_cols; ++i)
+          ASSERT_EQ(got_scales[size_t(out_row * scale_cols + i)], want.weight().scales[r * scale_cols + i])
+              << "part " << part << " row " << r << " scale " << i;
+        if (fp8) {
+          EXPECT_EQ(got_row_scales[size_t(out_row)], want.weight().row_scales[r]) << "row " << r;
+        } else if (nv) {
+          EXPECT_EQ(got_row_scales[size_t(out_row)], want.weight().global_scale) << "row " << r;
+        }
+      }
+    }
+    std::vector<uint16_t> bad = parts[0];
+    bad[size_t(9 * in + 40)] = 0x7FC0;  // NaN
+    auto d_bad = to_device(bad);
+    EXPECT_EQ(cuda::quantize_bf16_expert_rows(d_bad.get<uint16_t>(), rows, in, format, codes.get<uint8_t>(),
+                                              scales.get<uint8_t>(), row_scales.get<float>(), 0, 2, nullptr),
+              9);
+  }
+}
+
 // The expert layout is a permutation of each 16-byte block that decodes, through the two pair
 // extractions, to the FP4 kernels' pairs (c, c + 4), c = 8(j/4) + j%4.
 TEST(CudaMoeFp8, ExpertLayoutPairsMatchTheFp4Order) {
@@ -581,38 +667,47 @@ TEST(CudaMoeFp8, ExpertLayoutPairsMatchTheFp4Order) {
   }
 }
 
+// Qwen3-MoE's experts (silu(gate) · up, no biases) in each format through both paths.
+TEST(CudaMoe, QwenGatingWithoutBiasesBothPaths) {
+  check_both_paths(Scaling::Mxfp4, 59, Gating::Qwen);
+  check_both_paths(Scaling::Nvfp4, 61, Gating::Qwen);
+  check_both_paths(Scaling::Fp8, 67, Gating::Qwen);
+}
+
 // The float32 compute mode's experts: float32 h and intermediates, so they agree with the CPU
 // reference to float32 summation-order rounding, including scales above 128.
 TEST(CudaMoe, Float32PathMatchesTheCpuTightly) {
   ANVIL_REQUIRE_GPU();
   Rng rng(29);
   for (const Scaling scaling : {Scaling::Mxfp4, Scaling::Mxfp4Big, Scaling::Nvfp4, Scaling::Fp8}) {
-    const Experts ex({8, 288, 96, 3}, rng, scaling);
-    const Shape& s = ex.shape;
-    for (int64_t m : {1, 7, 40}) {
-      const auto routed = route_on_gpu(m, s, rng);
-      std::vector<float> h(size_t(m * s.hidden)), residual(size_t(m * s.hidden));
-      for (auto& v : h) v = rng.uniform();
-      for (auto& v : residual) v = rng.uniform();
-      auto d_h = to_device(h), d_ids = to_device(routed.ids), d_w = to_device(routed.weights), d_residual = to_device(residual);
-      const size_t bytes = cuda::moe_quantized_f32_workspace_bytes(m, s.k, s.intermediate);
-      cuda::DeviceBuffer workspace(bytes);
-      cuda::memset_device(workspace.get(), 0xff, bytes);
-      cuda::moe_quantized_f32(ex.device(), d_h.get<float>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
-                          d_residual.get<float>(), workspace.get(), bytes, nullptr);
-      cuda::synchronize();
-      const auto out = to_host<float>(d_residual, residual.size());
-      double err = 0, norm = 0;
-      for (int64_t r = 0; r < m; ++r) {
-        const auto want = ex.reference(h.data() + r * s.hidden, routed.ids.data() + r * s.k,
-                                       routed.weights.data() + r * s.k);
-        for (int64_t i = 0; i < s.hidden; ++i) {
-          const double got = double(out[size_t(r * s.hidden + i)]) - double(residual[size_t(r * s.hidden + i)]);
-          err += (got - want[size_t(i)]) * (got - want[size_t(i)]);
-          norm += double(want[size_t(i)]) * want[size_t(i)];
+    for (const Gating gating : {Gating::GptOss, Gating::Qwen}) {
+      const Experts ex({8, 288, 96, 3}, rng, scaling, gating);
+      const Shape& s = ex.shape;
+      for (int64_t m : {1, 7, 40}) {
+        const auto routed = route_on_gpu(m, s, rng);
+        std::vector<float> h(size_t(m * s.hidden)), residual(size_t(m * s.hidden));
+        for (auto& v : h) v = rng.uniform();
+        for (auto& v : residual) v = rng.uniform();
+        auto d_h = to_device(h), d_ids = to_device(routed.ids), d_w = to_device(routed.weights), d_residual = to_device(residual);
+        const size_t bytes = cuda::moe_quantized_f32_workspace_bytes(m, s.k, s.intermediate);
+        cuda::DeviceBuffer workspace(bytes);
+        cuda::memset_device(workspace.get(), 0xff, bytes);
+        cuda::moe_quantized_f32(ex.device(), d_h.get<float>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(),
+                            d_residual.get<float>(), workspace.get(), bytes, nullptr);
+        cuda::synchronize();
+        const auto out = to_host<float>(d_residual, residual.size());
+        double err = 0, norm = 0;
+        for (int64_t r = 0; r < m; ++r) {
+          const auto want = ex.reference(h.data() + r * s.hidden, routed.ids.data() + r * s.k,
+                                         routed.weights.data() + r * s.k);
+          for (int64_t i = 0; i < s.hidden; ++i) {
+            const double got = double(out[size_t(r * s.hidden + i)]) - double(residual[size_t(r * s.hidden + i)]);
+            err += (got - want[size_t(i)]) * (got - want[size_t(i)]);
+            norm += double(want[size_t(i)]) * want[size_t(i)];
+          }
         }
+        EXPECT_LT(std::sqrt(err / norm), 1e-5) << "m " << m << " scaling " << int(scaling) << " gating " << int(gating);
       }
-      EXPECT_LT(std::sqrt(err / norm), 1e-5) << "m " << m << " scaling " << int(scaling);
     }
   }
 }

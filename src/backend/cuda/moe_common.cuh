@@ -25,19 +25,21 @@ struct Routing {
 };
 
 // One grouped product: out = act(A · W_eᵀ + b_e) over the sorted rows of each expert.
-// gate_up: A = h (gathered by token), N = 2I, K = H; writes bf16 SwiGLU activations [slots, I].
+// gate_up: A = h (gathered by token), N = 2I, K = H, gate rows even and up rows odd; writes bf16
+// gated activations [slots, I].
 // down: A = activations, N = H, K = I; writes fp32 [slots, H] at row = slot (token * k + j).
 struct ExpertProduct {
   const uint16_t* a = nullptr;
-  const uint8_t* blocks = nullptr;  // [E, N, K/2] E2M1 codes or [E, N, K] E4M3 codes, device layouts
-  const uint8_t* scales = nullptr;  // [E, N, K/32] E8M0 (MXFP4) or [E, N, K/16] E4M3 (NVFP4)
-  const float* global = nullptr;    // NVFP4: [E]; FP8: row scales [E, N]
-  const float* bias = nullptr;      // [E, N]
-  int n = 0, k = 0;                 // N and K
-  int top_k = 0;                    // slots per token (gate_up gathers A rows by slot / top_k)
-  uint16_t* act = nullptr;          // gate_up output
-  float* out = nullptr;             // down output
-  float limit = 0.0f, alpha = 0.0f;
+  const uint8_t* blocks = nullptr;    // [E, N, K/2] E2M1 codes or [E, N, K] E4M3 codes, device layouts
+  const uint8_t* scales = nullptr;    // [E, N, K/32] E8M0 (MXFP4) or [E, N, K/16] E4M3 (NVFP4)
+  const float* row_scales = nullptr;  // [E, N]: NVFP4 the row's global scale, FP8 its row scale
+  const float* bias = nullptr;        // [E, N], or null
+  int n = 0, k = 0;                   // N and K
+  int top_k = 0;                      // slots per token (gate_up gathers A rows by slot / top_k)
+  uint16_t* act = nullptr;            // gate_up output
+  float* out = nullptr;               // down output
+  bool silu = false;                  // gate_up: silu(gate) · up instead of gpt-oss's clamped SwiGLU
+  float limit = 0.0f, alpha = 0.0f;   // the clamped SwiGLU's
 };
 
 }  // namespace anvil::cuda::moe

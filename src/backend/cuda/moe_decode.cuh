@@ -322,14 +322,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     if (kpart == 0) {
       // acc[n] = {D[row g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}, columns are tokens.
       const bool ok_a = row0 + g < p.n, ok_b = row0 + g + 8 < p.n;
-      const float bias_a = ok_a ? p.bias[int64_t(expert) * p.n + row0 + g] : 0.0f;
-      const float bias_b = ok_b ? p.bias[int64_t(expert) * p.n + row0 + g + 8] : 0.0f;
-      // NVFP4 pairs are value · 2^-9 (times the expert's global scale); FP8 rows have a scale each.
+      const int64_t at_a = int64_t(expert) * p.n + row0 + g, at_b = at_a + 8;
+      const float bias_a = ok_a && p.bias ? p.bias[at_a] : 0.0f;
+      const float bias_b = ok_b && p.bias ? p.bias[at_b] : 0.0f;
+      // NVFP4 pairs are value · 2^-9 (times the row's global scale); FP8 rows have a scale each.
       float scale_a = 1.0f, scale_b = 1.0f;
-      if constexpr (kNv) scale_a = scale_b = p.global[expert] * 512.0f;
-      if constexpr (kFp8) {
-        scale_a = ok_a ? p.global[int64_t(expert) * p.n + row0 + g] : 0.0f;
-        scale_b = ok_b ? p.global[int64_t(expert) * p.n + row0 + g + 8] : 0.0f;
+      if constexpr (kNv || kFp8) {
+        constexpr float kPairScale = kNv ? 512.0f : 1.0f;
+        scale_a = ok_a ? p.row_scales[at_a] * kPairScale : 0.0f;
+        scale_b = ok_b ? p.row_scales[at_b] * kPairScale : 0.0f;
       }
 #pragma unroll
       for (int n = 0; n < kTokenTiles; ++n) {
@@ -350,7 +351,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
               const int row = row0 + g + (j >= 2 ? 8 : 0);
               // row + 1 < N as well, since N is even.
               if (token < count && row < p.n)
-                p.act[int64_t(begin + token) * width + row / 2] = to_bf16_bits(swiglu_oai(v[j], up[j], p.limit, p.alpha));
+                p.act[int64_t(begin + token) * width + row / 2] = to_bf16_bits(gated(v[j], up[j], p.silu, p.limit, p.alpha));
             }
           }
         } else {

@@ -199,15 +199,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
   // acc[mt][nt] = {D[r][c], D[r][c+1], D[r+8][c], D[r+8][c+1]}: rows are sorted positions,
   // columns weight rows c = n0 + warp_n * kWarpN + nt * 8 + 2t (even: a gate/up pair for gate_up).
-  // NVFP4 pairs are value · 2^-9 (times the expert's global scale); FP8 rows have a scale each.
-  const float global = kNv ? p.global[expert] * 512.0f : 1.0f;
+  // NVFP4 pairs are value · 2^-9 (times the row's global scale); FP8 rows have a scale each.
+  constexpr float kPairScale = kNv ? 512.0f : 1.0f;
 #pragma unroll
   for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
     const int col = n0 + warp_n * Cfg::kWarpN + nt * 8 + 2 * t;
     if (col >= p.n) continue;  // N is even, so col + 1 < N too
-    const float bias0 = p.bias[int64_t(expert) * p.n + col], bias1 = p.bias[int64_t(expert) * p.n + col + 1];
-    const float scale0 = kFp8 ? p.global[int64_t(expert) * p.n + col] : global;
-    const float scale1 = kFp8 ? p.global[int64_t(expert) * p.n + col + 1] : global;
+    const int64_t at = int64_t(expert) * p.n + col;
+    const float bias0 = p.bias ? p.bias[at] : 0.0f, bias1 = p.bias ? p.bias[at + 1] : 0.0f;
+    const float scale0 = kNv || kFp8 ? p.row_scales[at] * kPairScale : 1.0f;
+    const float scale1 = kNv || kFp8 ? p.row_scales[at + 1] * kPairScale : 1.0f;
 #pragma unroll
     for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
 #pragma unroll
@@ -220,7 +221,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         if constexpr (kGateUp) {
           const int j = col / 2, width = p.n / 2;
           const int column = (j & ~63) + prefill_logical_column(j & 63);
-          p.act[position * width + column] = to_bf16_bits(swiglu_oai(v0, v1, p.limit, p.alpha));
+          p.act[position * width + column] = to_bf16_bits(gated(v0, v1, p.silu, p.limit, p.alpha));
         } else {
           const int64_t slot = r.sorted_slot[position];
           *reinterpret_cast<float2*>(p.out + slot * p.n + col) = make_float2(v0, v1);

@@ -414,10 +414,9 @@ void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int 
   if (m < 0) invalid("moe_quantized: negative rows");
   if (m == 0) return;
   if (m * k > INT32_MAX / 2 || 2 * I * E > INT32_MAX || H * E > INT32_MAX) invalid("moe_quantized: shape too large");
-  const bool fp8 = w.format == ExpertFormat::FP8, global = w.format != ExpertFormat::MXFP4;
-  if (!w.gate_up_blocks || (!fp8 && !w.gate_up_scales) || !w.gate_up_bias || !w.down_blocks ||
-      (!fp8 && !w.down_scales) || !w.down_bias || !h || !ids || !route_weights || !residual || !workspace ||
-      (global && (!w.gate_up_global || !w.down_global)))
+  const bool fp8 = w.format == ExpertFormat::FP8, row_scaled = w.format != ExpertFormat::MXFP4;
+  if (!w.gate_up_blocks || (!fp8 && !w.gate_up_scales) || !w.down_blocks || (!fp8 && !w.down_scales) || !h || !ids ||
+      !route_weights || !residual || !workspace || (row_scaled && (!w.gate_up_row_scales || !w.down_row_scales)))
     invalid("moe_quantized: null pointer");
   if (!aligned16(w.gate_up_blocks) || !aligned16(w.down_blocks) || !aligned16(h) || !aligned16(residual) ||
       reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
@@ -458,7 +457,8 @@ void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int 
   gate_up.blocks = w.gate_up_blocks;
   gate_up.scales = w.gate_up_scales;
   gate_up.bias = w.gate_up_bias;
-  gate_up.global = w.gate_up_global;
+  gate_up.row_scales = w.gate_up_row_scales;
+  gate_up.silu = w.activation == ExpertActivation::SiluMul;
   gate_up.n = int(2 * I);
   gate_up.k = int(H);
   gate_up.top_k = k;
@@ -470,7 +470,7 @@ void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int 
   down.blocks = w.down_blocks;
   down.scales = w.down_scales;
   down.bias = w.down_bias;
-  down.global = w.down_global;
+  down.row_scales = w.down_row_scales;
   down.n = int(H);
   down.k = int(I);
   down.top_k = k;

@@ -22,7 +22,7 @@ __device__ const float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.
                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 // Σ_i row[i] · x[i] for one row of `in` weights (its scales start at `scales`; `global` is the
-// matrix's NVFP4 global scale, or the row's FP8 scale); every lane of the warp gets the sum.
+// row's NVFP4 global scale or FP8 scale); every lane of the warp gets the sum.
 __device__ float expert_row_dot(const float* lut, ExpertFormat format, const uint8_t* blocks, const uint8_t* scales,
                                 float global, const float* x, int64_t in) {
   const int lane = threadIdx.x % 32;
@@ -54,8 +54,8 @@ __device__ float expert_row_dot(const float* lut, ExpertFormat format, const uin
   return sum;
 }
 
-// act[(r, slot), j] = swiglu(gate_j, up_j) for output j of the chosen expert; gate and up are the
-// interleaved rows 2j and 2j+1 of gate_up.
+// act[(r, slot), j] = the gated activation of (gate_j, up_j) for output j of the chosen expert;
+// gate and up are the interleaved rows 2j and 2j+1 of gate_up.
 __global__ void gate_up_kernel(QuantizedExperts w, const float* h, int k, const int32_t* ids, float* act) {
   const bool fp8 = w.format == ExpertFormat::FP8;
   const int64_t scale_cols = w.hidden / (w.format == ExpertFormat::NVFP4 ? 16 : 32), row_bytes = w.hidden / (fp8 ? 1 : 2);
@@ -68,17 +68,16 @@ __global__ void gate_up_kernel(QuantizedExperts w, const float* h, int k, const 
   const int64_t expert = ids[assignment], row = assignment / k;
   const float* x = h + row * w.hidden;
   const int64_t gate_row = expert * 2 * w.intermediate + 2 * j;
-  auto global = [&](int64_t r) {
-    return fp8 ? w.gate_up_global[r] : w.format == ExpertFormat::NVFP4 ? w.gate_up_global[expert] : 1.0f;
+  auto product = [&](int64_t r) {
+    const float scale = w.format == ExpertFormat::MXFP4 ? 1.0f : w.gate_up_row_scales[r];
+    return expert_row_dot(lut, w.format, w.gate_up_blocks + r * row_bytes, w.gate_up_scales + (fp8 ? 0 : r * scale_cols),
+                          scale, x, w.hidden) +
+           (w.gate_up_bias ? w.gate_up_bias[r] : 0.0f);
   };
-  const float gate = expert_row_dot(lut, w.format, w.gate_up_blocks + gate_row * row_bytes,
-                                    w.gate_up_scales + (fp8 ? 0 : gate_row * scale_cols), global(gate_row), x, w.hidden) +
-                     w.gate_up_bias[gate_row];
-  const float up = expert_row_dot(lut, w.format, w.gate_up_blocks + (gate_row + 1) * row_bytes,
-                                  w.gate_up_scales + (fp8 ? 0 : (gate_row + 1) * scale_cols), global(gate_row + 1), x, w.hidden) +
-                   w.gate_up_bias[gate_row + 1];
+  const float gate = product(gate_row), up = product(gate_row + 1);
   if (threadIdx.x % 32 == 0)
-    act[assignment * w.intermediate + j] = mxfp4::swiglu_oai(gate, up, w.swiglu_limit, w.swiglu_alpha);
+    act[assignment * w.intermediate + j] = mxfp4::gated(gate, up, w.activation == ExpertActivation::SiluMul,
+                                                        w.swiglu_limit, w.swiglu_alpha);
 }
 
 // residual[r, i] += Σ_slot weight · (down_e[i] · act[(r, slot)] + b2_e[i]), slots in order, so the
@@ -98,11 +97,11 @@ __global__ void down_kernel(QuantizedExperts w, int k, const int32_t* ids, const
   for (int slot = 0; slot < k; ++slot) {
     const int64_t assignment = row * k + slot, expert = ids[assignment];
     const int64_t down_row = expert * w.hidden + i;
-    const float global = fp8 ? w.down_global[down_row] : w.format == ExpertFormat::NVFP4 ? w.down_global[expert] : 1.0f;
+    const float scale = w.format == ExpertFormat::MXFP4 ? 1.0f : w.down_row_scales[down_row];
     const float y = expert_row_dot(lut, w.format, w.down_blocks + down_row * row_bytes,
-                                w.down_scales + (fp8 ? 0 : down_row * scale_cols), global, act + assignment * w.intermediate,
-                                w.intermediate) +
-                    w.down_bias[down_row];
+                                   w.down_scales + (fp8 ? 0 : down_row * scale_cols), scale,
+                                   act + assignment * w.intermediate, w.intermediate) +
+                    (w.down_bias ? w.down_bias[down_row] : 0.0f);
     total = fmaf(route_weights[assignment], y, total);
   }
   if (threadIdx.x % 32 == 0) residual[row * w.hidden + i] += total;

@@ -76,6 +76,11 @@ __device__ __forceinline__ float swiglu_oai(float gate, float up, float limit, f
   return gate / (1.0f + expf(-alpha * gate)) * (up + 1.0f);
 }
 
+// The gate_up epilogue's activation: Qwen's silu(gate) · up (as cpu::silu_mul), or gpt-oss's.
+__device__ __forceinline__ float gated(float gate, float up, bool silu, float limit, float alpha) {
+  return silu ? gate / (1.0f + expf(-gate)) * up : swiglu_oai(gate, up, limit, alpha);
+}
+
 __device__ __forceinline__ uint16_t to_bf16_bits(float value) { return __bfloat16_as_ushort(__float2bfloat16_rn(value)); }
 
 // ---- the k order of the prefill GEMM ----

@@ -66,27 +66,31 @@ void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream);
 
 // How the expert weights are stored.
 //  MXFP4: E2M1 codes [E, N, K/2] with one E8M0 scale per 32 inputs: W = e2m1 · 2^(scale - 127).
-//  NVFP4: E2M1 codes [E, N, K/2] with one E4M3 scale per 16 inputs and one float32 per expert and
-//         matrix: W = e2m1 · e4m3(scale) · global[e]. Scales must not be NaN (0x7f / 0xff); the
-//         quantizer never makes one.
+//  NVFP4: E2M1 codes [E, N, K/2] with one E4M3 scale per 16 inputs and the float32 global scale
+//         of the row's checkpoint matrix: W = e2m1 · e4m3(scale) · row_scale[e, n]. Scales must not
+//         be NaN (0x7f / 0xff); the quantizers never make one.
 //  FP8:   E4M3 codes [E, N, K] with one float32 scale per row: W = e4m3 · row_scale[e, n].
 // E2M1 codes are in the device layout of mxfp4_pack_codes, E4M3 codes in fp8_layout.h's expert
 // layout (expert_position), which gives both formats the same k order in the kernels.
 enum class ExpertFormat { MXFP4, NVFP4, FP8 };
 
-// gpt-oss experts: gate_up rows interleave gate (even) and up (odd).
+// The gate_up product's activation: gpt-oss's clamped SwiGLU, or Qwen's silu(gate) · up.
+enum class ExpertActivation { SwigluOai, SiluMul };
+
+// Experts with gate_up rows interleaving gate (even) and up (odd). Biases may be null (Qwen3).
 struct QuantizedExperts {
   ExpertFormat format = ExpertFormat::MXFP4;
-  const uint8_t* gate_up_blocks = nullptr;  // [E, 2I, H/2] (FP8: [E, 2I, H])
-  const uint8_t* gate_up_scales = nullptr;  // [E, 2I, H/32] MXFP4, [E, 2I, H/16] NVFP4
-  const float* gate_up_global = nullptr;    // NVFP4: [E]; FP8: the row scales [E, 2I]
-  const float* gate_up_bias = nullptr;      // [E, 2I]
-  const uint8_t* down_blocks = nullptr;     // [E, H, I/2] (FP8: [E, H, I])
-  const uint8_t* down_scales = nullptr;     // [E, H, I/32] MXFP4, [E, H, I/16] NVFP4
-  const float* down_global = nullptr;       // NVFP4: [E]; FP8: the row scales [E, H]
-  const float* down_bias = nullptr;         // [E, H]
+  ExpertActivation activation = ExpertActivation::SwigluOai;
+  const uint8_t* gate_up_blocks = nullptr;      // [E, 2I, H/2] (FP8: [E, 2I, H])
+  const uint8_t* gate_up_scales = nullptr;      // [E, 2I, H/32] MXFP4, [E, 2I, H/16] NVFP4
+  const float* gate_up_row_scales = nullptr;    // [E, 2I], NVFP4 and FP8
+  const float* gate_up_bias = nullptr;          // [E, 2I]
+  const uint8_t* down_blocks = nullptr;         // [E, H, I/2] (FP8: [E, H, I])
+  const uint8_t* down_scales = nullptr;         // [E, H, I/32] MXFP4, [E, H, I/16] NVFP4
+  const float* down_row_scales = nullptr;       // [E, H], NVFP4 and FP8
+  const float* down_bias = nullptr;             // [E, H]
   int64_t num_experts = 0, hidden = 0, intermediate = 0;
-  float swiglu_limit = 7.0f;
+  float swiglu_limit = 7.0f;                    // SwigluOai
   float swiglu_alpha = 1.702f;
 };
 
@@ -97,12 +101,24 @@ struct QuantizedExperts {
 // be a multiple of 32.
 // To NVFP4, in place: one global scale per expert from its largest weight, E4M3 block scales; the
 // codes are overwritten (still in checkpoint order: pack them afterwards); writes nv_scales
-// [E, N, K/16] and global [E].
+// [E, N, K/16] and each row's global scale to row_scales [E, N].
 int64_t quantize_mxfp4_experts_to_nvfp4(uint8_t* codes, const uint8_t* mx_scales, int64_t experts, int64_t rows,
-                                        int64_t in_features, uint8_t* nv_scales, float* global, Stream stream);
+                                        int64_t in_features, uint8_t* nv_scales, float* row_scales, Stream stream);
 // To FP8 per row: writes fp8_codes [E, N, K] in the expert layout and row_scales [E, N].
 int64_t quantize_mxfp4_experts_to_fp8(const uint8_t* codes, const uint8_t* mx_scales, int64_t experts, int64_t rows,
                                       int64_t in_features, uint8_t* fp8_codes, float* row_scales, Stream stream);
+
+// Quantizes one bf16 matrix [rows, in] (a checkpoint's gate_proj, up_proj or down_proj of one
+// expert) by the CPU quantizer's rule, as quantize_linear does it for that matrix alone, into rows
+// first_row, first_row + row_step, ... of one expert of a QuantizedExperts matrix in `format`
+// (row_step 2 interleaves gate and up). codes: in/2 bytes per row in checkpoint nibble order for
+// MXFP4 / NVFP4 (pack the finished matrix with mxfp4_pack_codes), in bytes per row in the expert
+// layout for FP8; scales: in/32 (MXFP4) or in/16 (NVFP4) bytes per row; row_scales (NVFP4, FP8):
+// one float per row. Waits; returns the first row of the matrix holding a non-finite weight
+// (nothing is then written), or -1. in must be a multiple of 32.
+int64_t quantize_bf16_expert_rows(const uint16_t* weight, int64_t rows, int64_t in, ExpertFormat format,
+                                  uint8_t* codes, uint8_t* scales, float* row_scales, int64_t first_row,
+                                  int64_t row_step, Stream stream);
 
 // gpt-oss routing: per row, the k largest logits (ties to the lower index), then softmax over
 // those k. ids [m, k] int32, weights [m, k] float32.
