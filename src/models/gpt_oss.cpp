@@ -76,22 +76,20 @@ class GptOss : public Model {
       const int64_t q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim, h = c.hidden_size;
       const int64_t i = c.intermediate_size;
       // FP8 attention projections (--quantize-dense fp8): a byte per weight and a float per row.
-      // Experts (--quantize-experts): per 32 weights, 16 bytes of FP4 codes and 1 (MXFP4) or 2
-      // (NVFP4) scale bytes, or 32 FP8 bytes and a row scale.
+      // Experts: MXFP4 as stored, or as --quantize-experts made them.
       bool fp8 = false;
-      int expert_bytes_per_32 = 17;
+      int64_t expert = (2 * i * h + h * i) / 32 * 17;  // 16 bytes of codes and a scale per 32 weights
 #if ANVIL_WITH_CUDA
-      fp8 = cuda_ && !cuda_->layers.empty() && cuda_->layers[0].o_proj.format == cuda::DenseWeight::Format::FP8;
       if (cuda_ && !cuda_->layers.empty()) {
-        const cuda::ExpertFormat format = cuda_->layers[0].experts.format;
-        expert_bytes_per_32 = format == cuda::ExpertFormat::NVFP4 ? 18 : format == cuda::ExpertFormat::FP8 ? 32 : 17;
+        const GptOssCudaLayer& first = cuda_->layers[0];
+        fp8 = first.o_proj.format == cuda::DenseWeight::Format::FP8;
+        expert = cuda::expert_matrix_bytes(first.experts.format, 2 * i, h) +
+                 cuda::expert_matrix_bytes(first.experts.format, h, i);
       }
 #endif
       const int64_t projections = fp8 ? (q * h + 2 * kv * h + h * q) + 4 * (q + 2 * kv + h)
                                       : 2 * (q * h + 2 * kv * h + h * q);
       const int64_t attention = projections + 2 * c.num_experts * h;
-      const int64_t expert = (2 * i * h + h * i) / 32 * expert_bytes_per_32 +
-                             (expert_bytes_per_32 == 32 ? 4 * (2 * i + h) : 0);
       return size_t(h * 2 + c.vocab_size * h * 2 + c.num_layers * (attention + c.num_experts_per_tok * expert));
     }
     size_t bytes = size_t(c.hidden_size) * 2 + lm_head_.weight_bytes();  // one embedding row + lm_head

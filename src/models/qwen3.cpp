@@ -76,28 +76,24 @@ class Qwen3 : public Model {
     if (device_ == Device::Cuda) {
       const auto& c = config_;
       const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
-      // FP8 dense layers (--quantize-dense fp8): a byte per weight and a float per row. Experts
-      // (--quantize-experts): per 32 weights 16 bytes of FP4 codes and 1 (MXFP4) or 2 (NVFP4) scale
-      // bytes, or 32 FP8 bytes, plus a float per row for NVFP4 and FP8.
+      // FP8 dense layers (--quantize-dense fp8): a byte per weight and a float per row. A routed
+      // expert: bf16, or as --quantize-experts made it.
+      const int64_t i = c.moe_intermediate_size;
       bool fp8 = false;
-      int64_t expert_bytes_per_32 = 64, expert_bytes_per_row = 0;  // bf16
+      int64_t expert = 2 * (2 * i * h + h * i);
 #if ANVIL_WITH_CUDA
       fp8 = cuda_ && !cuda_->layers.empty() && cuda_->layers[0].o_proj.format == cuda::DenseWeight::Format::FP8;
       for (size_t l = 0; cuda_ && l < cuda_->layers.size(); ++l) {
-        const auto& layer = cuda_->layers[l];
-        if (!layer.quantized) continue;
-        const cuda::ExpertFormat format = layer.quantized_experts.format;
-        expert_bytes_per_32 = format == cuda::ExpertFormat::FP8 ? 32 : format == cuda::ExpertFormat::NVFP4 ? 18 : 17;
-        expert_bytes_per_row = format == cuda::ExpertFormat::MXFP4 ? 0 : 4;
+        if (!cuda_->layers[l].quantized) continue;
+        const cuda::ExpertFormat format = cuda_->layers[l].quantized_experts.format;
+        expert = cuda::expert_matrix_bytes(format, 2 * i, h) + cuda::expert_matrix_bytes(format, h, i);
       }
 #endif
       auto dense = [&](int64_t out, int64_t in) { return fp8 ? out * in + 4 * out : 2 * out * in; };
-      auto expert = [&](int64_t out, int64_t in) { return out * in / 32 * expert_bytes_per_32 + out * expert_bytes_per_row; };
       int64_t bytes = h * 2 + c.vocab_size * h * 2;
       for (int64_t l = 0; l < c.num_layers; ++l) {
         bytes += dense(q + 2 * kv, h) + dense(h, q);
-        const int64_t i = c.moe_intermediate_size;
-        bytes += c.is_moe_layer(l) ? 2 * c.num_experts * h + c.num_experts_per_tok * (expert(2 * i, h) + expert(h, i))
+        bytes += c.is_moe_layer(l) ? 2 * c.num_experts * h + c.num_experts_per_tok * expert
                                    : dense(2 * c.intermediate_size, h) + dense(h, c.intermediate_size);
       }
       return size_t(bytes);

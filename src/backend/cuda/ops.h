@@ -120,6 +120,16 @@ int64_t quantize_bf16_expert_rows(const uint16_t* weight, int64_t rows, int64_t 
                                   uint8_t* codes, uint8_t* scales, float* row_scales, int64_t first_row,
                                   int64_t row_step, Stream stream);
 
+// The bytes of one expert matrix [rows, in] in `format` (what a token routed to it reads).
+inline int64_t expert_matrix_bytes(ExpertFormat format, int64_t rows, int64_t in) {
+  switch (format) {
+    case ExpertFormat::MXFP4: return rows * in / 2 + rows * in / 32;
+    case ExpertFormat::NVFP4: return rows * in / 2 + rows * in / 16 + rows * 4;
+    case ExpertFormat::FP8: return rows * in + rows * 4;
+  }
+  return 0;
+}
+
 // gpt-oss routing: per row, the k largest logits (ties to the lower index), then softmax over
 // those k. ids [m, k] int32, weights [m, k] float32.
 void moe_topk_softmax(const float* logits, int64_t m, int64_t num_experts, int k, int32_t* ids, float* weights,
