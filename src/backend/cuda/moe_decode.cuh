@@ -46,7 +46,7 @@ constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 4 * ANVIL_DECODE_MINB1;
 // Occupancy: 8 warps per SM with 2+ token tiles, 16 with one (128-register cap, 8-16 bytes of
 // spills, still measured faster than 12 warps without spills).
 // kKind: MXFP4 (one E8M0 scale per 32-code lane block); NVFP4 (two E4M3 bytes per lane block, one
-// per word pair, and the expert's global scale on the sum); FP8 (E4M3 codes, 16 per lane block,
+// per word pair, and the row's global scale on the sum); FP8 (E4M3 codes, 16 per lane block,
 // so a chunk covers 64 k instead of 128, and a row scale on the sum).
 template <int kTokenTiles, int kSplitK, bool kGateUp, Kind kKind>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVIL_DECODE_MINB1)
@@ -86,9 +86,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   const uint8_t* wa = p.blocks + base_a * row_bytes + t * 16;
   const uint8_t* wb = p.blocks + base_b * row_bytes + t * 16;
   // This warp's scales for all of k: 16 rows x scale_cols bytes in dynamic shared memory (the
-  // launcher sizes it kDecodeWarps * 16 * scale_cols). Read from global memory once per block, before the first
-  // chunk, instead of one DRAM byte load per chunk with one chunk of lookahead. (Measured on an
-  // H200 this alone did not change batch 1; the loop is limited elsewhere, see the commit log.)
+  // launcher sizes it kDecodeWarps * 16 * scale_cols; FP8 has none). Read from global memory once
+  // per block, before the first chunk, instead of one DRAM byte load per chunk with one chunk of
+  // lookahead. (Measured on an H200 this alone did not change batch 1; the loop is limited
+  // elsewhere, see the commit log.)
   extern __shared__ __align__(16) uint8_t decode_scales[];
   uint8_t* const warp_scales = decode_scales + warp * 16 * scale_cols;
   const uint8_t* const sa = warp_scales + g * scale_cols + (kNv ? 2 * t : t);

@@ -42,7 +42,7 @@ struct MoeGemmConfig {
 constexpr int kMoeGemmMaxK = 4096;
 
 // kKind: MXFP4 (an E8M0 scale per 32 codes); NVFP4 (an E4M3 scale per 16 codes, which is exactly
-// one lane quad's bytes of a k tile, and the expert's global scale on the sum); FP8 (16 bytes per
+// one lane quad's bytes of a k tile, and the row's global scale on the sum); FP8 (16 bytes per
 // lane quad and k tile, in the expert layout of fp8_layout.h, and a row scale on the sum).
 template <typename Cfg, bool kGateUp, Kind kKind>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
