@@ -91,7 +91,7 @@ constexpr const char* kLaunchChained = "programmatic dependent launch (griddepco
 std::vector<OpKernel> portable_ops(bool chained_launch) {
   return {
       {"linear", "mma.sync m16n8k16 bf16 GEMM / vectorized GEMV; bf16 or FP8 E4M3 weights (decoded in registers)"},
-      {"moe_quantized", "mma.sync W4A16 grouped GEMM, MXFP4 or NVFP4 dequantized in registers"},
+      {"moe_quantized", "mma.sync W4A16 / W8A16 grouped GEMM and decode; MXFP4, NVFP4 or FP8 experts dequantized in registers"},
       {"attention",
        "paged, fp32 online softmax, sinks + window: tiled (prefill), one pass with in-kernel split merge (decode)"},
       {"norm_rope_embed", "elementwise (fp32)"},
