@@ -47,7 +47,15 @@ if(anvil_cuda_enabled)
   target_compile_options(anvil_cuda PRIVATE
       $<$<COMPILE_LANGUAGE:CUDA>:${gencode_flags} --expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter -Werror=all-warnings>
       $<$<COMPILE_LANGUAGE:CXX>:${ANVIL_WARNINGS}>)
-  target_link_libraries(anvil_cuda PUBLIC anvil_core CUDA::cudart_static)
+  target_link_libraries(anvil_cuda PUBLIC anvil_core CUDA::cudart_static ${CMAKE_DL_LIBS})
+  # cuBLASLt is opened at run time (backend/cuda/cublaslt.cpp); only its header is needed here.
+  find_file(anvil_cublaslt_header cublasLt.h PATHS ${CUDAToolkit_INCLUDE_DIRS} NO_DEFAULT_PATH)
+  if(anvil_cublaslt_header)
+    set_property(SOURCE ${CMAKE_SOURCE_DIR}/src/backend/cuda/cublaslt.cpp APPEND PROPERTY
+        COMPILE_DEFINITIONS ANVIL_HAVE_CUBLASLT_H=1)
+  else()
+    message(STATUS "anvil: no cublasLt.h in the CUDA toolkit; dense GEMMs use anvil's own kernels only")
+  endif()
   message(STATUS "anvil: CUDA backend ON, targets: ${ANVIL_CUDA_TARGETS}")
 else()
   add_library(anvil_cuda STATIC ${CMAKE_SOURCE_DIR}/src/backend/cuda/unavailable.cpp)

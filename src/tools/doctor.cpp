@@ -221,7 +221,8 @@ class Doctor {
     const GpuProbe& probe = in_.gpus;
     report_.json["cuda"] = {{"compiled_in", in_.cuda_compiled_in},
                             {"targets", in_.cuda_targets},
-                            {"build_version", in_.cuda_build_version ? json(cuda_version_text(in_.cuda_build_version)) : json(nullptr)}};
+                            {"build_version", in_.cuda_build_version ? json(cuda_version_text(in_.cuda_build_version)) : json(nullptr)},
+                            {"cublaslt", in_.cublaslt.empty() ? json(nullptr) : json(in_.cublaslt)}};
     const auto kernel_driver = nvidia_kernel_driver_version(in_.paths);
     report_.json["driver"] = {
         {"loaded", probe.driver_loaded},
@@ -638,6 +639,7 @@ DoctorInput gather_doctor_input() {
   input.cuda_compiled_in = cuda::compiled_in();
   input.cuda_targets = cuda::compiled_targets();
   input.cuda_build_version = cuda::build_cuda_version();
+  input.cublaslt = cuda::cublaslt_status();
   input.kernel_table = cuda::kernel_table();
   input.cpu_kernels = cpu_kernel_isa();
   input.cpu_threads = int(default_thread_pool().size());
@@ -668,6 +670,7 @@ std::string format_doctor_text(const DoctorReport& report) {
            ? fmt::format("CUDA: built for {} (CUDA {})", targets,
                          cuda_info["build_version"].is_null() ? "?" : cuda_info["build_version"].get<std::string>())
            : "CUDA: not built in (CPU-only build)");
+  if (!cuda_info["cublaslt"].is_null()) line("cuBLASLt: " + cuda_info["cublaslt"].get<std::string>());
   const json& driver = r["driver"];
   if (driver["loaded"].get<bool>())
     line(fmt::format("Driver: {}, CUDA {}", driver["version"].is_null() ? "version unknown" : driver["version"].get<std::string>(),

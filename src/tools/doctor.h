@@ -42,6 +42,7 @@ struct DoctorInput {
   bool cuda_compiled_in = false;
   std::vector<std::string> cuda_targets;
   int cuda_build_version = 0;
+  std::string cublaslt;  // cuda::cublaslt_status(): found (path, version) or why not; "" without CUDA
   std::vector<cuda::ArchKernels> kernel_table;
   std::string cpu_kernels;  // the CPU kernel ISA in use ("avx2", "scalar")
   int cpu_threads = 0;

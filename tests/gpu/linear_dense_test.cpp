@@ -11,9 +11,11 @@
 #include <cmath>
 #include <cstdio>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
+#include "backend/cuda/cublaslt.h"
 #include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/runtime.h"
@@ -51,6 +53,30 @@ std::vector<int64_t> rows_to_check(int64_t m, Rng& rng) {
   return {rows.begin(), rows.end()};
 }
 
+// Which engine bf16 products of prefill size run on while it lives: cuBLASLt (when found) or
+// anvil's own GEMM. The perf lines name it.
+struct GemmEngine {
+  explicit GemmEngine(bool cublaslt) : name(cublaslt ? "cublaslt" : "anvil") { cuda::cublaslt::allow(cublaslt); }
+  ~GemmEngine() { cuda::cublaslt::allow(true); }
+  GemmEngine(const GemmEngine&) = delete;
+  GemmEngine& operator=(const GemmEngine&) = delete;
+  std::string name;
+};
+
+// Runs `body` with anvil's GEMM, then with cuBLASLt where it is found.
+template <typename Body>
+void for_each_engine(Body body) {
+  for (bool cublaslt : {false, true}) {
+    if (cublaslt && !cuda::cublaslt::available()) {
+      std::printf("[ note ] cuBLASLt: %s; its runs are left out\n", cuda::cublaslt::describe().c_str());
+      continue;
+    }
+    GemmEngine engine(cublaslt);
+    SCOPED_TRACE("engine " + engine.name);
+    body(engine.name);
+  }
+}
+
 struct Case {
   int64_t m, out, in;
   bool bias;
@@ -67,7 +93,7 @@ std::vector<uint8_t> to_device_layout(const uint8_t* codes, int64_t out, int64_t
   return stored;
 }
 
-void run_case(const Case& c, uint64_t seed) {
+void run_case(const Case& c, uint64_t seed, const std::string& engine = "") {
   SCOPED_TRACE("m=" + std::to_string(c.m) + " out=" + std::to_string(c.out) + " in=" + std::to_string(c.in));
   Rng rng(seed);
   const float w_scale = 1.0f / std::sqrt(float(c.in));
@@ -152,27 +178,32 @@ void run_case(const Case& c, uint64_t seed) {
     const double median = ms[ms.size() / 2] * 1e-3;
     const double bytes = double(c.out * c.in * (c.fp8 ? 1 : 2) + c.m * c.in * 2 + c.m * c.out * 4);
     const double flops = 2.0 * double(c.m) * double(c.out) * double(c.in);
-    std::printf("[ perf ] linear %s m=%lld out=%lld in=%lld: %.1f us, %.0f GB/s, %.1f TFLOP/s\n",
-                c.fp8 ? "fp8" : "bf16", static_cast<long long>(c.m), static_cast<long long>(c.out), static_cast<long long>(c.in), median * 1e6,
+    std::printf("[ perf ] linear %s%s%s m=%lld out=%lld in=%lld: %.1f us, %.0f GB/s, %.1f TFLOP/s\n",
+                c.fp8 ? "fp8" : "bf16", engine.empty() ? "" : " ", engine.c_str(), static_cast<long long>(c.m), static_cast<long long>(c.out), static_cast<long long>(c.in), median * 1e6,
                 bytes / median * 1e-9, flops / median * 1e-12);
   }
 }
 
 TEST(CudaLinearBf16, MatchesReferenceAcrossRowCounts) {
   ANVIL_REQUIRE_GPU();
-  uint64_t seed = 1;
-  for (int64_t m : {1, 3, 8, 9, 16, 17, 32, 33, 64, 300, 2048})
-    for (auto [out, in] : {std::pair<int64_t, int64_t>{2880, 4096}, {512, 2880}, {4096, 2880}})
-      run_case({m, out, in, m % 2 == 1}, seed++);
+  for_each_engine([](const std::string&) {
+    uint64_t seed = 1;
+    for (int64_t m : {1, 3, 8, 9, 16, 17, 32, 33, 64, 65, 300, 2048})
+      for (auto [out, in] : {std::pair<int64_t, int64_t>{2880, 4096}, {512, 2880}, {4096, 2880}})
+        run_case({m, out, in, m % 2 == 1}, seed++);
+  });
 }
 
 TEST(CudaLinearBf16, Tails) {
   ANVIL_REQUIRE_GPU();
-  uint64_t seed = 100;
-  // out not a multiple of 16/64/128, in not a multiple of 32 (still of 8), tiny shapes.
-  for (int64_t m : {1, 5, 16, 31, 70, 200, 333})
-    for (auto [out, in] : {std::pair<int64_t, int64_t>{2888, 2888}, {24, 40}, {8, 8}, {130, 136}, {1000, 1032}})
-      run_case({m, out, in, true}, seed++);
+  // out not a multiple of 16/64/128 (nor of 4: 130 leaves cuBLASLt's output rows unaligned, so
+  // those take anvil's GEMM either way), in not a multiple of 32 (still of 8), tiny shapes.
+  for_each_engine([](const std::string&) {
+    uint64_t seed = 100;
+    for (int64_t m : {1, 5, 16, 31, 70, 200, 333})
+      for (auto [out, in] : {std::pair<int64_t, int64_t>{2888, 2888}, {24, 40}, {8, 8}, {130, 136}, {1000, 1032}})
+        run_case({m, out, in, true}, seed++);
+  });
 }
 
 TEST(CudaLinearBf16, UnalignedFallback) {
@@ -190,10 +221,15 @@ TEST(CudaLinearBf16, ModelShapesWithSpeed) {
   run_case({1, 2880, 4096, true, 50}, seed++);
   run_case({8, 2880, 4096, true, 50}, seed++);
   run_case({1, 5120, 2880, true, 50}, seed++);
-  run_case({2048, 5120, 2880, true, 20, 16}, seed++);
-  run_case({2048, 2880, 4096, true, 20, 16}, seed++);
-  run_case({2048, 4096, 4096, false, 20, 16}, seed++);
-  run_case({2048, 12288, 4096, false, 10, 8}, seed++);
+  // Prefill sizes on both engines (where cuBLASLt wins is what linear_dense.cu's threshold says).
+  for_each_engine([&](const std::string& engine) {
+    for (int64_t m : {64, 128, 256, 512})
+      run_case({m, 5120, 2880, true, 20, 16}, seed++, engine);
+    run_case({2048, 5120, 2880, true, 20, 16}, seed++, engine);
+    run_case({2048, 2880, 4096, true, 20, 16}, seed++, engine);
+    run_case({2048, 4096, 4096, false, 20, 16}, seed++, engine);
+    run_case({2048, 12288, 4096, false, 10, 8}, seed++, engine);
+  });
 }
 
 TEST(CudaLinearBf16, LmHeadShapes) {
@@ -202,7 +238,47 @@ TEST(CudaLinearBf16, LmHeadShapes) {
   run_case({1, 201088, 2880, false, 20}, 400);
   run_case({4, 201088, 2880, false, 20, 4}, 401);
   run_case({1, 151936, 4096, false, 20}, 402);
-  run_case({512, 201088, 2880, false, 5, 3}, 403);
+  for_each_engine([](const std::string& engine) { run_case({512, 201088, 2880, false, 5, 3}, 403, engine); });
+}
+
+// cuBLASLt itself, called directly: the bias epilogue, accumulation into y (beta = 1, as
+// linear_add uses it for the residual), and shapes with no bias.
+TEST(CudaCublasLt, AccumulatesAndAddsBias) {
+  ANVIL_REQUIRE_GPU();
+  if (!cuda::cublaslt::available()) GTEST_SKIP() << "cuBLASLt: " << cuda::cublaslt::describe();
+  uint64_t seed = 450;
+  for (auto [m, out, in] : {std::tuple<int64_t, int64_t, int64_t>{64, 512, 2880}, {300, 2880, 4096}, {7, 24, 40}})
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE("m=" + std::to_string(m) + " out=" + std::to_string(out) + " bias=" + std::to_string(bias));
+      Rng rng(seed++);
+      const auto weight = random_bf16(size_t(out * in), rng, 1.0f / std::sqrt(float(in)));
+      const auto x = random_bf16(size_t(m * in), rng, 1.0f);
+      std::vector<float> b(static_cast<size_t>(out)), y0(static_cast<size_t>(m * out));
+      for (auto& v : b) v = rng.uniform();
+      for (auto& v : y0) v = rng.uniform() * 4.0f;
+      LinearWeight lw;
+      lw.format = WeightFormat::BF16;
+      lw.out_features = out;
+      lw.in_features = in;
+      lw.data = weight.data();
+      lw.bias = bias ? b.data() : nullptr;
+      std::vector<float> xf(x.size()), ref(size_t(m * out));
+      for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_to_f32(x[i]);
+      linear_forward_reference(lw, xf.data(), m, ref.data());
+      auto d_w = to_device(weight), d_x = to_device(x), d_b = to_device(b), d_y = to_device(y0);
+      ASSERT_TRUE(cuda::cublaslt::matmul_bf16(d_w.get<uint16_t>(), bias ? d_b.get<float>() : nullptr,
+                                              d_x.get<uint16_t>(), m, out, in, d_y.get<float>(), true, nullptr));
+      cuda::synchronize();
+      std::vector<float> y(y0.size());
+      cuda::copy_to_host(y.data(), d_y.get(), d_y.bytes());
+      double err = 0, norm = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        const double want = double(y0[i]) + ref[i];
+        err += (y[i] - want) * (y[i] - want);
+        norm += want * want;
+      }
+      EXPECT_LT(std::sqrt(err / norm), 2e-3);
+    }
 }
 
 TEST(CudaLinearFp8, MatchesReferenceAcrossRowCounts) {

@@ -188,6 +188,13 @@ TEST(Doctor, GpusWithTheirKernelsAndDriver) {
   EXPECT_NE(text.find("GPU 0: NVIDIA H200, compute capability 9.0, 141.0 GiB (140.0 GiB free), 132 SMs -> sm_90a"),
             std::string::npos)
       << text;
+  // Where cuBLASLt stands is reported, and only when the build has CUDA.
+  EXPECT_TRUE(report.json.at("cuda").at("cublaslt").is_null());
+  in.cublaslt = "libcublasLt.so.13 (version 130100)";
+  const auto with_lt = tools::run_doctor(in, {});
+  EXPECT_EQ(with_lt.json.at("cuda").at("cublaslt"), "libcublasLt.so.13 (version 130100)");
+  EXPECT_NE(tools::format_doctor_text(with_lt).find("cuBLASLt: libcublasLt.so.13 (version 130100)"), std::string::npos);
+  EXPECT_EQ(text.find("cuBLASLt"), std::string::npos) << text;
   // The driver version also comes from /proc when /sys lacks it.
   FakeHost other;
   fs::create_directories(other.proc() / "driver/nvidia");

@@ -9,9 +9,11 @@
 // block (fits SM120's 99 KB), tile sizes picked so the grid still fills the GPU. The row scale of
 // FP8 weights is applied to the fp32 result, so both formats share the kernels.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/cublaslt.h"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_common.cuh"
@@ -460,6 +462,19 @@ void launch_gemm(const Weights& w, const float* bias, const uint16_t* x, int m, 
 
 namespace {
 
+// From how many rows cuBLASLt takes a bf16 product (ANVIL_CUBLASLT_MIN_ROWS overrides, to measure).
+// Measured on an H200 (docs/perf/gpu.md): below it the GEMV and this file's GEMM are as fast or
+// faster, and decode batches stay on kernels whose CUDA graphs need no library workspace.
+constexpr int64_t kCublasLtMinRows = 64;
+
+int64_t cublaslt_min_rows() {
+  static const int64_t rows = [] {
+    const char* env = std::getenv("ANVIL_CUBLASLT_MIN_ROWS");
+    return env ? std::max<int64_t>(1, std::atoll(env)) : kCublasLtMinRows;
+  }();
+  return rows;
+}
+
 // The name in error messages is the public entry point's.
 void linear_impl(const char* name, const Weights& w, const float* bias, const uint16_t* x, int64_t m,
                  int64_t out_features, int64_t in_features, float* y, bool accumulate, Stream stream) {
@@ -487,6 +502,14 @@ void linear_impl(const char* name, const Weights& w, const float* bias, const ui
     return;
   }
   if (m <= 8) return launch_gemv<1>(w, bias, x, mi, out, in, y, accumulate, s);
+  // bf16 products of prefill size go to cuBLASLt when it is found (its wgmma kernels beat this
+  // file's mma.sync GEMM there; see kCublasLtMinRows). FP8 weights stay here: cuBLASLt's FP8
+  // products want FP8 activations too, which would change the numerics.
+  const bool y_aligned = reinterpret_cast<uintptr_t>(y) % 16 == 0 && out % 4 == 0 &&
+                         (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % 16 == 0);
+  if (!w.fp8 && m >= cublaslt_min_rows() && y_aligned &&
+      cublaslt::matmul_bf16(static_cast<const uint16_t*>(w.data), bias, x, m, out, in, y, accumulate, s))
+    return;
   if (m <= 16) return launch_gemv<2>(w, bias, x, mi, out, in, y, accumulate, s);
   if (m <= 32) return launch_gemv<4>(w, bias, x, mi, out, in, y, accumulate, s);
   // Tile shape by how well the grid fills the GPU (measured on an H200, m = 2048: 128x128 reaches

@@ -11,6 +11,7 @@
 
 #include <fmt/ranges.h>
 
+#include "backend/cuda/cublaslt.h"
 #include "core/error.h"
 
 namespace anvil::cuda {
@@ -30,6 +31,8 @@ bool compiled_in() { return true; }
 std::vector<std::string> compiled_targets() { return {ANVIL_CUDA_TARGET_LIST}; }
 
 int build_cuda_version() { return CUDART_VERSION; }
+
+std::string cublaslt_status() { return cublaslt::describe(); }
 
 std::vector<DeviceInfo> devices() {
   std::vector<DeviceInfo> found;
@@ -90,7 +93,9 @@ constexpr const char* kLaunchChained = "programmatic dependent launch (griddepco
 
 std::vector<OpKernel> portable_ops(bool chained_launch) {
   return {
-      {"linear", "mma.sync m16n8k16 bf16 GEMM / vectorized GEMV; bf16 or FP8 E4M3 weights (decoded in registers)"},
+      {"linear",
+       "vectorized mma.sync GEMV (decode) and m16n8k16 GEMM; bf16 products of >= 64 rows through cuBLASLt when "
+       "found; bf16 or FP8 E4M3 weights (FP8 decoded in registers)"},
       {"moe_quantized", "mma.sync W4A16 / W8A16 grouped GEMM and decode; MXFP4, NVFP4 or FP8 experts dequantized in registers"},
       {"attention",
        "paged, fp32 online softmax, sinks + window: tiled (prefill), one pass with in-kernel split merge (decode)"},

@@ -31,6 +31,10 @@ std::vector<std::string> compiled_targets();
 // The driver must support at least this version.
 int build_cuda_version();
 
+// Whether cuBLASLt (opened at run time for prefill-sized bf16 products) was found: the library and
+// its version, or why it is not used. "" in a build without CUDA.
+std::string cublaslt_status();
+
 struct DeviceInfo {
   int index = 0;
   std::string name;

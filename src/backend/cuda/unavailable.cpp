@@ -13,6 +13,7 @@ namespace {
 bool compiled_in() { return false; }
 std::vector<std::string> compiled_targets() { return {}; }
 int build_cuda_version() { return 0; }
+std::string cublaslt_status() { return ""; }
 std::vector<DeviceInfo> devices() { return {}; }
 std::string unavailable_reason() { return "this anvil was built without CUDA"; }
 const std::vector<ArchKernels>& kernel_table() {
