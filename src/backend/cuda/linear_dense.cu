@@ -463,9 +463,10 @@ void launch_gemm(const Weights& w, const float* bias, const uint16_t* x, int m, 
 namespace {
 
 // From how many rows cuBLASLt takes a bf16 product (ANVIL_CUBLASLT_MIN_ROWS overrides, to measure).
-// Measured on an H200 (docs/perf/gpu.md): below it the GEMV and this file's GEMM are as fast or
-// faster, and decode batches stay on kernels whose CUDA graphs need no library workspace.
-constexpr int64_t kCublasLtMinRows = 64;
+// Measured on an H200 (docs/perf/logs/h200/cublaslt/): gpt-oss-20b decode at batch 32 is 3.6 %
+// faster with it (5,020 against 4,845 tok/s), at batch 16 0.7 % slower (the GEMV wins there), and
+// every prefill-sized product about twice as fast.
+constexpr int64_t kCublasLtMinRows = 32;
 
 int64_t cublaslt_min_rows() {
   static const int64_t rows = [] {
@@ -502,9 +503,10 @@ void linear_impl(const char* name, const Weights& w, const float* bias, const ui
     return;
   }
   if (m <= 8) return launch_gemv<1>(w, bias, x, mi, out, in, y, accumulate, s);
-  // bf16 products of prefill size go to cuBLASLt when it is found (its wgmma kernels beat this
-  // file's mma.sync GEMM there; see kCublasLtMinRows). FP8 weights stay here: cuBLASLt's FP8
-  // products want FP8 activations too, which would change the numerics.
+  // bf16 products of 32+ rows go to cuBLASLt when it is found (its wgmma kernels beat this
+  // file's kernels there; see kCublasLtMinRows). FP8 weights stay here: cuBLASLt's own FP8
+  // products want FP8 activations (other numerics), and decoding the codes to bf16 for it first
+  // measured slower (docs/perf/logs/h200/cublaslt-fp8-reverted/).
   const bool y_aligned = reinterpret_cast<uintptr_t>(y) % 16 == 0 && out % 4 == 0 &&
                          (bias == nullptr || reinterpret_cast<uintptr_t>(bias) % 16 == 0);
   if (!w.fp8 && m >= cublaslt_min_rows() && y_aligned &&

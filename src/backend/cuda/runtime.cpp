@@ -94,7 +94,7 @@ constexpr const char* kLaunchChained = "programmatic dependent launch (griddepco
 std::vector<OpKernel> portable_ops(bool chained_launch) {
   return {
       {"linear",
-       "vectorized mma.sync GEMV (decode) and m16n8k16 GEMM; bf16 products of >= 64 rows through cuBLASLt when "
+       "vectorized mma.sync GEMV (decode) and m16n8k16 GEMM; bf16 products of >= 32 rows through cuBLASLt when "
        "found; bf16 or FP8 E4M3 weights (FP8 decoded in registers)"},
       {"moe_quantized", "mma.sync W4A16 / W8A16 grouped GEMM and decode; MXFP4, NVFP4 or FP8 experts dequantized in registers"},
       {"attention",
