@@ -1,6 +1,6 @@
 #pragma once
-// cuBLASLt for the dense bf16 matrix products where it beats anvil's own GEMM (prefill-sized m;
-// linear_dense.cu decides). The library is opened at run time (dlopen), never linked: the anvil
+// cuBLASLt for the dense bf16 matrix products where it beats anvil's own kernels (32 rows and
+// more; linear_dense.cu decides). The library is opened at run time (dlopen), never linked: the anvil
 // binary must start on machines without it, and cuBLASLt is not part of the NVIDIA driver. When
 // it is missing, or refuses a shape, the caller runs its own kernels, so results never depend on
 // whether it was found beyond the usual float32-accumulation rounding.
