@@ -24,7 +24,10 @@ constexpr int kDecodeWarps = 4;
 // Scales are staged once per block in shared memory (see moe_decode_kernel), so the loop's only
 // global loads are the ring's and the token rows'.
 #ifndef ANVIL_DECODE_MINB1
-#define ANVIL_DECODE_MINB1 4  // H200, vs 3: 20b m=8 145 vs 154 us, 120b m=64 605 vs 656 us (8-16 B spills)
+// H200, whole models (docs/perf/logs/h200/decode-occupancy/): 3 against 4 gives batch 1 +3 %
+// (20b 483 against 464-472 tok/s, 120b 338-341 against 329-331) with batches 8 and 64 unchanged; 2
+// loses 7 %. (Session 7's kernel-alone timing had favoured 4 at m = 8 and 64, with that kernel.)
+#define ANVIL_DECODE_MINB1 3
 #endif
 #ifndef ANVIL_DECODE_STAGES
 #define ANVIL_DECODE_STAGES 8  // H200, vs 4: 20b m=8 153 vs 162 us, 120b m=64 660 vs 721 us
@@ -43,8 +46,8 @@ constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 4 * ANVIL_DECODE_MINB1;
 // takes every kSplitK-th chunk of k starting at w % kSplitK; the kSplitK partial sums are added
 // in a fixed order in shared memory. Splitting k gives the GPU enough warps to keep the memory
 // busy when few experts are active (batch 1).
-// Occupancy: 8 warps per SM with 2+ token tiles, 16 with one (128-register cap, 8-16 bytes of
-// spills, still measured faster than 12 warps without spills).
+// Occupancy: 8 warps per SM with 2+ token tiles, 4 * ANVIL_DECODE_MINB1 (12) with one, which
+// leaves each warp up to 168 registers (no spills).
 // kKind: MXFP4 (one E8M0 scale per 32-code lane block); NVFP4 (two E4M3 bytes per lane block, one
 // per word pair, and the row's global scale on the sum); FP8 (E4M3 codes, 16 per lane block,
 // so a chunk covers 64 k instead of 128, and a row scale on the sum).
