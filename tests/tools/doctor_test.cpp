@@ -616,8 +616,13 @@ TEST(DoctorBinary, ThisMachine) {
     }
   }
 
+  // The text run sees the host a moment later (servers of other tests may have come or gone), so
+  // its exit code is checked against its own findings.
   const auto text = run_binary("doctor --port " + std::to_string(port));
-  EXPECT_EQ(text.exit_code, result.exit_code);
+  const int text_worst = text.out.find("  ERROR ") != std::string::npos  ? 2
+                         : text.out.find("  WARN ") != std::string::npos ? 1
+                                                                         : 0;
+  EXPECT_EQ(text.exit_code, text_worst) << text.out;
   if (report.at("gpus").empty()) {
     EXPECT_NE(text.out.find("GPUs: none"), std::string::npos) << text.out;
   }
