@@ -304,18 +304,19 @@ class GptOss : public Model {
       run.marks.record("norm");
       cuda::linear_f32_input(layer.router, layer.router_bias, h_f32, rows, experts, hidden, router_logits, stream);
       run.marks.record("router");
-      cuda::moe_topk_softmax(router_logits, rows, experts, int(top_k), expert_ids, expert_weights, stream);
-      run.marks.record("top-k");
       if (exact) {
+        cuda::moe_topk_softmax(router_logits, rows, experts, int(top_k), expert_ids, expert_weights, stream);
+        run.marks.record("top-k");
         cuda::moe_quantized_f32(layer.experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace,
                             moe_bytes, stream);
       } else {
-        // The combine also makes the next layer's input norm into h (which the experts are done with).
+        // The experts are picked inside the MoE call (with its routing at decode), and the combine
+        // also makes the next layer's input norm into h (which the experts are done with).
         cuda::NextNorm next{l + 1 < c.num_layers ? g.layers[size_t(l + 1)].input_norm : nullptr, eps, h};
-        cuda::moe_quantized(layer.experts, h, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace, moe_bytes,
-                        stream, l + 1 < c.num_layers ? &next : nullptr);
+        cuda::moe_quantized_from_logits(layer.experts, h, rows, int(top_k), router_logits, expert_ids, expert_weights, x,
+                                        moe_workspace, moe_bytes, stream, l + 1 < c.num_layers ? &next : nullptr);
       }
-      run.marks.record("experts");
+      run.marks.record(exact ? "experts" : "top-k + experts");
     }
 
     const int64_t logit_rows = run.step.logit_rows;

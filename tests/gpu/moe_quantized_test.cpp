@@ -477,6 +477,55 @@ void check_both_paths(Scaling scaling, uint64_t seed, Gating gating = Gating::Gp
   }
 }
 
+// moe_quantized_from_logits (top-k inside the routing kernel up to 16 rows, its own kernel past
+// that) writes the ids and weights moe_topk_softmax writes, and gives the bits of moe_quantized
+// on them; ties between logits included.
+TEST(CudaMoe, FromLogitsEqualsTopkThenExperts) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(73);
+  for (const Shape& shape : {Shape{32, 256, 384, 4}, Shape{128, 256, 256, 4}}) {
+    const Experts ex(shape, rng, Scaling::Mxfp4);
+    const auto weights = ex.device();
+    for (int64_t m : {1, 3, 16, 17, 64}) {
+      SCOPED_TRACE("E=" + std::to_string(shape.experts) + " m=" + std::to_string(m));
+      std::vector<float> logits(size_t(m * shape.experts));
+      for (auto& v : logits) v = std::round(8.0f * rng.uniform()) / 4.0f;  // coarse: many ties
+      std::vector<uint16_t> h(size_t(m * shape.hidden));
+      for (auto& v : h) v = f32_to_bf16(rng.uniform());
+      std::vector<float> residual(size_t(m * shape.hidden));
+      for (auto& v : residual) v = rng.uniform();
+      auto d_logits = to_device(logits), d_h = to_device(h);
+      const size_t ws_bytes = cuda::moe_quantized_workspace_bytes(m, shape.k, shape.experts, shape.hidden, shape.intermediate);
+      cuda::DeviceBuffer workspace(ws_bytes);
+      std::vector<int32_t> ids[2];
+      std::vector<float> route_weights[2], out[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        cuda::DeviceBuffer d_ids(size_t(m * shape.k) * 4), d_w(size_t(m * shape.k) * 4);
+        cuda::memset_device(d_ids.get(), 0xff, d_ids.bytes());
+        cuda::memset_device(d_w.get(), 0xff, d_w.bytes());
+        cuda::memset_device(workspace.get(), 0xff, ws_bytes);
+        auto d_residual = to_device(residual);
+        if (fused) {
+          cuda::moe_quantized_from_logits(weights, d_h.get<uint16_t>(), m, shape.k, d_logits.get<float>(),
+                                          d_ids.get<int32_t>(), d_w.get<float>(), d_residual.get<float>(),
+                                          workspace.get(), ws_bytes, nullptr);
+        } else {
+          cuda::moe_topk_softmax(d_logits.get<float>(), m, shape.experts, shape.k, d_ids.get<int32_t>(),
+                                 d_w.get<float>(), nullptr);
+          cuda::moe_quantized(weights, d_h.get<uint16_t>(), m, shape.k, d_ids.get<int32_t>(), d_w.get<float>(),
+                              d_residual.get<float>(), workspace.get(), ws_bytes, nullptr);
+        }
+        ids[fused] = to_host<int32_t>(d_ids, size_t(m * shape.k));
+        route_weights[fused] = to_host<float>(d_w, size_t(m * shape.k));
+        out[fused] = to_host<float>(d_residual, residual.size());
+      }
+      EXPECT_EQ(ids[0], ids[1]);
+      EXPECT_EQ(std::memcmp(route_weights[0].data(), route_weights[1].data(), route_weights[0].size() * 4), 0);
+      EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4), 0);
+    }
+  }
+}
+
 TEST(CudaMoe, GptOss20bShapesWithSpeed) { time_gpt_oss_20b_shapes(Scaling::Mxfp4, 23, {1, 8, 64, 2048}); }
 
 // NVFP4 experts through both paths, with E4M3 block scales (subnormal and zero ones included) and

@@ -19,6 +19,8 @@ struct Routing {
   int32_t* header = nullptr;       // Header fields
   int32_t* offsets = nullptr;      // [E + 1]: expert e owns sorted positions [offsets[e], offsets[e+1])
   int32_t* active = nullptr;       // [E]: experts with at least one slot, ascending, then -1
+  int32_t* active_range = nullptr; // [E][2]: per active index, the expert's first sorted position
+                                   // and count (offsets[e], offsets[e+1] - offsets[e])
   int32_t* sorted_slot = nullptr;  // [m * k]: slot at each sorted position
   int32_t* tile_expert = nullptr;  // [max_tiles]: expert of each GEMM row tile
   int32_t* tile_row = nullptr;     // [max_tiles]: first sorted position of each tile

@@ -73,7 +73,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   using namespace mxfp4;
   auto routing = [](const int32_t* at) { return kGateUp ? *at : __ldcg(at); };
   // The routing writes -1 past the active experts: one dependent load before the weights stream.
+  // The expert's token range is read beside it (by active index, not by expert), so it costs no
+  // second round trip; past the active experts it is stale and unused.
   const int expert = routing(r.active + blockIdx.y);
+  const int begin = routing(r.active_range + 2 * blockIdx.y), count = routing(r.active_range + 2 * blockIdx.y + 1);
   if (expert < 0) return;  // whole block: no barrier is skipped
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -254,9 +257,31 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     warp_big = !kNv && __any_sync(0xffffffffu, big);  // NVFP4 never needs a second multiply
   };
 
-  // The first pass's weights start streaming before the token list is read.
+  // The epilogue's per-row constants, requested now rather than after the last chunk (a DRAM
+  // round trip at the end otherwise). NVFP4 pairs are value · 2^-9 (times the row's global
+  // scale); FP8 rows have a scale each.
+  const bool ok_a = row0 + g < p.n, ok_b = row0 + g + 8 < p.n;
+  const int64_t at_a = int64_t(expert) * p.n + row0 + g, at_b = at_a + 8;
+  const float bias_a = ok_a && p.bias ? p.bias[at_a] : 0.0f;
+  const float bias_b = ok_b && p.bias ? p.bias[at_b] : 0.0f;
+  float scale_a = 1.0f, scale_b = 1.0f;
+  if constexpr (kNv || kFp8) {
+    constexpr float kPairScale = kNv ? 512.0f : 1.0f;
+    scale_a = ok_a ? p.row_scales[at_a] * kPairScale : 0.0f;
+    scale_b = ok_b ? p.row_scales[at_b] * kPairScale : 0.0f;
+  }
+  // Token rows (by sorted position) of a pass's column n.
+  auto token_row = [&](int tok0, int n) -> int64_t {
+    const int token = tok0 + n * 8 + g < count ? tok0 + n * 8 + g : 0;
+    return kGateUp ? r.sorted_slot[begin + token] / p.top_k : int64_t(begin + token);
+  };
+  int64_t first_rows[kTokenTiles];
+#pragma unroll
+  for (int n = 0; n < kTokenTiles; ++n) first_rows[n] = token_row(0, n);
+
+  // The first pass's weights start streaming before the scales are staged; the first pass's token
+  // rows above are already on their way.
   for (int j = 0; j < kDecodeStages - 1; ++j) issue_weights(j);
-  const int begin = routing(r.offsets + expert), count = routing(r.offsets + expert + 1) - begin;
   if constexpr (!kFp8) stage_scales();
   if constexpr (!kGateUp) {
     wait_for_predecessor();
@@ -265,8 +290,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   for (int tok0 = 0; tok0 < count; tok0 += 8 * kTokenTiles) {
 #pragma unroll
     for (int n = 0; n < kTokenTiles; ++n) {
-      const int token = tok0 + n * 8 + g < count ? tok0 + n * 8 + g : 0;
-      const int64_t row = kGateUp ? r.sorted_slot[begin + token] / p.top_k : int64_t(begin + token);
+      const int64_t row = tok0 == 0 ? first_rows[n] : token_row(tok0, n);
       xr[n] = p.a + row * p.k + t * (kChunkK / 4);
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[0][n][j] = acc[1][n][j] = 0.0f;
@@ -325,17 +349,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
 
     if (kpart == 0) {
       // acc[n] = {D[row g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}, columns are tokens.
-      const bool ok_a = row0 + g < p.n, ok_b = row0 + g + 8 < p.n;
-      const int64_t at_a = int64_t(expert) * p.n + row0 + g, at_b = at_a + 8;
-      const float bias_a = ok_a && p.bias ? p.bias[at_a] : 0.0f;
-      const float bias_b = ok_b && p.bias ? p.bias[at_b] : 0.0f;
-      // NVFP4 pairs are value · 2^-9 (times the row's global scale); FP8 rows have a scale each.
-      float scale_a = 1.0f, scale_b = 1.0f;
-      if constexpr (kNv || kFp8) {
-        constexpr float kPairScale = kNv ? 512.0f : 1.0f;
-        scale_a = ok_a ? p.row_scales[at_a] * kPairScale : 0.0f;
-        scale_b = ok_b ? p.row_scales[at_b] * kPairScale : 0.0f;
-      }
 #pragma unroll
       for (int n = 0; n < kTokenTiles; ++n) {
         float v[4];

@@ -37,16 +37,12 @@ using namespace moe;
 // cpu::top_k_indices does; lane j keeps pick j for the softmax.
 constexpr int kTopkWarps = 8;
 
-__global__ void __launch_bounds__(kTopkWarps * 32)
-    moe_topk_softmax_kernel(const float* __restrict__ logits, int64_t m, int num_experts, int k,
-                            int32_t* __restrict__ ids, float* __restrict__ weights) {
-  wait_for_predecessor();
-  release_dependents();
+// One row's picks by the calling warp.
+__device__ void topk_softmax_row(const float* __restrict__ logits, int64_t row, int num_experts, int k,
+                                 int32_t* __restrict__ ids, float* __restrict__ weights) {
   constexpr int kPerLane = kMaxExperts / 32;
   constexpr int kNone = 0x7fffffff;
   const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * kTopkWarps + threadIdx.x / 32;
-  if (row >= m) return;  // whole warp
   const float* x = logits + row * num_experts;
   float values[kPerLane];
 #pragma unroll
@@ -96,7 +92,20 @@ __global__ void __launch_bounds__(kTopkWarps * 32)
   }
 }
 
+__global__ void __launch_bounds__(kTopkWarps * 32)
+    moe_topk_softmax_kernel(const float* __restrict__ logits, int64_t m, int num_experts, int k,
+                            int32_t* __restrict__ ids, float* __restrict__ weights) {
+  wait_for_predecessor();
+  release_dependents();
+  const int64_t row = int64_t(blockIdx.x) * kTopkWarps + threadIdx.x / 32;
+  if (row < m) topk_softmax_row(logits, row, num_experts, k, ids, weights);  // whole warps
+}
+
 // ---- routing: sort slots by expert ----
+
+// Up to this many rows the routing kernel picks the experts itself (moe_quantized's
+// router_logits): 8 warps take two rows each at most, cheaper than a kernel of its own.
+constexpr int64_t kTopkInRouteRows = 16;
 
 // One block. Warp w owns a contiguous segment of the slots; pass 1 counts per (warp, expert),
 // a scan turns the counts into each warp's first position inside each expert, pass 2 places the
@@ -104,11 +113,19 @@ __global__ void __launch_bounds__(kTopkWarps * 32)
 // also writes expert e's GEMM row tiles (tile_rows > 0) and its place in the active list.
 // kRouteWarps: 8 for few slots (a small block starts and syncs faster: 3 us vs 6 us at batch 1),
 // 32 for prefill (each warp's serial pass is 4x shorter).
+// With logits (few rows, see kTopkInRouteRows), the block first makes ids and weights itself, a
+// warp per row as moe_topk_softmax does: one kernel fewer in the chain at decode.
 template <int kRouteWarps>
 __global__ void __launch_bounds__(kRouteWarps * 32)
-    moe_route_kernel(const int32_t* __restrict__ ids, int slots, int num_experts, int tile_rows, Routing r) {
+    moe_route_kernel(int32_t* ids, int slots, int num_experts, int tile_rows, Routing r,
+                     const float* __restrict__ logits, int k, float* __restrict__ route_weights) {
   wait_for_predecessor();
   release_dependents();
+  if (logits != nullptr) {
+    for (int row = threadIdx.x / 32; row < slots / k; row += kRouteWarps)
+      topk_softmax_row(logits, row, num_experts, k, ids, route_weights);
+    __syncthreads();  // the block's global writes are visible to the whole block after it
+  }
   constexpr int kRouteThreads = kRouteWarps * 32;
   static_assert(kRouteThreads >= kMaxExperts, "one thread per expert in the scan");
   __shared__ int cursor[kRouteWarps][kMaxExperts];
@@ -170,7 +187,11 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   if (tid < num_experts) {
     r.offsets[tid] = offset;
     if (tid == num_experts - 1) r.offsets[num_experts] = offset + total;
-    if (active) r.active[active_index] = tid;
+    if (active) {
+      r.active[active_index] = tid;
+      r.active_range[2 * active_index] = offset;
+      r.active_range[2 * active_index + 1] = total;
+    }
     // Past the active experts: -1, so a decode block learns it has no expert from one load.
     if (tid >= grand[2]) r.active[tid] = -1;
     for (int i = 0; i < tiles; ++i) {
@@ -277,7 +298,7 @@ __global__ void mxfp4_pack_codes_kernel(uint32_t* __restrict__ words, int64_t co
 // ---- workspace ----
 
 struct Layout {
-  size_t header = 0, offsets = 0, active = 0, sorted = 0, tile_expert = 0, tile_row = 0;
+  size_t header = 0, offsets = 0, active = 0, active_range = 0, sorted = 0, tile_expert = 0, tile_row = 0;
   size_t x_perm = 0, act = 0, y = 0, total = 0;
   int64_t max_tiles = 0;
 };
@@ -299,6 +320,7 @@ Layout layout_for(int64_t rows, int k, int64_t experts, int64_t hidden, int64_t 
   l.header = take(kHeaderInts * 4);
   l.offsets = take(size_t(experts + 1) * 4);
   l.active = take(size_t(experts) * 4);
+  l.active_range = take(size_t(experts) * 8);
   l.sorted = take(size_t(slots) * 4);
   l.tile_expert = take(size_t(l.max_tiles) * 4);
   l.tile_row = take(size_t(l.max_tiles) * 4);
@@ -404,9 +426,13 @@ size_t moe_quantized_workspace_bytes(int64_t max_rows, int k, int64_t num_expert
   return layout_for(max_rows, k, num_experts, hidden, intermediate).total;
 }
 
-void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k, const int32_t* ids,
-               const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream,
-               const NextNorm* next_norm) {
+namespace {
+
+// router_logits null: ids and route_weights are the caller's routing, only read. Otherwise they
+// are written here first (moe_quantized_from_logits).
+void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k, const float* router_logits,
+                        int32_t* ids, float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
+                        Stream stream, const NextNorm* next_norm) {
   const int64_t E = w.num_experts, H = w.hidden, I = w.intermediate;
   if (E < 1 || E > kMaxExperts) invalid("moe_quantized: 1..256 experts");
   if (H < 32 || I < 32 || H % 32 != 0 || I % 32 != 0) invalid("moe_quantized: hidden and intermediate must be multiples of 32");
@@ -430,6 +456,7 @@ void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int 
   r.header = reinterpret_cast<int32_t*>(base + l.header);
   r.offsets = reinterpret_cast<int32_t*>(base + l.offsets);
   r.active = reinterpret_cast<int32_t*>(base + l.active);
+  r.active_range = reinterpret_cast<int32_t*>(base + l.active_range);
   r.sorted_slot = reinterpret_cast<int32_t*>(base + l.sorted);
   r.tile_expert = reinterpret_cast<int32_t*>(base + l.tile_expert);
   r.tile_row = reinterpret_cast<int32_t*>(base + l.tile_row);
@@ -447,10 +474,15 @@ void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int 
   const bool use_gemm = gemm_shapes && slots >= ANVIL_MOE_GEMM_MIN_PER_EXPERT * E;
   const int tile_rows = !use_gemm ? 0 : slots >= 64 * E ? 128 : 64;
 
+  const bool topk_here = router_logits != nullptr && m <= kTopkInRouteRows;
+  if (router_logits != nullptr && !topk_here) moe_topk_softmax(router_logits, m, E, k, ids, route_weights, stream);
+  const float* logits = topk_here ? router_logits : nullptr;
+  float* picked_weights = topk_here ? route_weights : nullptr;
   if (slots <= 4096)
-    launch_chained(moe_route_kernel<8>, 1, 8 * 32, 0, s, ids, int(slots), int(E), tile_rows, r);
+    launch_chained(moe_route_kernel<8>, 1, 8 * 32, 0, s, ids, int(slots), int(E), tile_rows, r, logits, k, picked_weights);
   else
-    launch_chained(moe_route_kernel<32>, 1, 32 * 32, 0, s, ids, int(slots), int(E), tile_rows, r);
+    launch_chained(moe_route_kernel<32>, 1, 32 * 32, 0, s, ids, int(slots), int(E), tile_rows, r, logits, k,
+                   picked_weights);
   ANVIL_CUDA_LAUNCHED();
 
   ExpertProduct gate_up;
@@ -512,6 +544,24 @@ void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int 
                  residual, norm ? next_norm->weight : nullptr, norm ? next_norm->eps : 0.0f,
                  norm ? next_norm->out : nullptr);
   ANVIL_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k, const int32_t* ids,
+                   const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream,
+                   const NextNorm* next_norm) {
+  // Without logits the impl only reads them.
+  moe_quantized_impl(w, h, m, k, nullptr, const_cast<int32_t*>(ids), const_cast<float*>(route_weights), residual,
+                     workspace, workspace_bytes, stream, next_norm);
+}
+
+void moe_quantized_from_logits(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k,
+                               const float* router_logits, int32_t* ids, float* route_weights, float* residual,
+                               void* workspace, size_t workspace_bytes, Stream stream, const NextNorm* next_norm) {
+  if (router_logits == nullptr) invalid("moe_quantized_from_logits: null router_logits");
+  moe_quantized_impl(w, h, m, k, router_logits, ids, route_weights, residual, workspace, workspace_bytes, stream,
+                     next_norm);
 }
 
 }  // namespace anvil::cuda

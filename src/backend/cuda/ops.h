@@ -156,6 +156,14 @@ void moe_quantized(const QuantizedExperts& weights, const uint16_t* h, int64_t m
                    const float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
                    Stream stream, const NextNorm* next_norm = nullptr);
 
+// moe_quantized that first picks the experts from router_logits [m, E] (top-k, then softmax over
+// the k, exactly as moe_topk_softmax), writing ids and route_weights [m, k] for the caller. At
+// small m the picking runs inside the routing kernel: one kernel fewer per layer at decode.
+void moe_quantized_from_logits(const QuantizedExperts& weights, const uint16_t* h, int64_t m, int k,
+                               const float* router_logits, int32_t* ids, float* route_weights, float* residual,
+                               void* workspace, size_t workspace_bytes, Stream stream,
+                               const NextNorm* next_norm = nullptr);
+
 // The same with float32 h, every intermediate float32 and each weight decoded exactly: the
 // float32 compute mode (moe_quantized_f32.cu). One warp per output on CUDA cores.
 size_t moe_quantized_f32_workspace_bytes(int64_t max_rows, int k, int64_t intermediate);
