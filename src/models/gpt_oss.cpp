@@ -297,13 +297,17 @@ class GptOss : public Model {
 
       // The router sees the float32 norm output even in bf16 mode: routing is a discrete choice,
       // and a bf16-rounded input can flip a near-tie between experts, a large error for that token.
-      if (exact)
+      if (exact) {
         cuda::rms_norm_f32(x, rows, hidden, layer.post_attention_norm, eps, h_f32, stream);
-      else
-        cuda::rms_norm_dual(x, rows, hidden, layer.post_attention_norm, eps, h_f32, h, stream);
-      run.marks.record("norm");
-      cuda::linear_f32_input(layer.router, layer.router_bias, h_f32, rows, experts, hidden, router_logits, stream);
-      run.marks.record("router");
+        run.marks.record("norm");
+        cuda::linear_f32_input(layer.router, layer.router_bias, h_f32, rows, experts, hidden, router_logits, stream);
+        run.marks.record("router");
+      } else {
+        // The experts' bf16 input into h, the router's logits from the float32 norm.
+        cuda::rms_norm_router(x, rows, hidden, layer.post_attention_norm, eps, layer.router, layer.router_bias, experts,
+                              router_logits, h, h_f32, stream);
+        run.marks.record("norm + router");
+      }
       if (exact) {
         cuda::moe_topk_softmax(router_logits, rows, experts, int(top_k), expert_ids, expert_weights, stream);
         run.marks.record("top-k");

@@ -90,6 +90,53 @@ TEST(CudaFusedOps, DualNormEqualsBothNorms) {
   }
 }
 
+// The post-attention norm and the MoE router in one kernel (up to kNormRouterRows rows) against
+// rms_norm_dual then linear_f32_input: the block makes the norm's sum itself, so logits may differ
+// by summation order (relative 1e-5 here) and the bf16 norm by one unit in the last place; past
+// kNormRouterRows rows it is the two launches, bit for bit.
+TEST(CudaFusedOps, NormRouterEqualsNormThenRouter) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(17);
+  for (const int64_t dim : {2880, 100}) {
+    for (const int64_t experts : {32, 128}) {
+      const std::initializer_list<int64_t> row_counts{1, 3, 5, cuda::kNormRouterRows, cuda::kNormRouterRows + 1};
+      for (const int64_t rows : row_counts) {
+        SCOPED_TRACE("dim " + std::to_string(dim) + " experts " + std::to_string(experts) + " rows " + std::to_string(rows));
+        const auto x = uniform(size_t(rows * dim), rng, 3.0f), norm = uniform(size_t(dim), rng, 2.0f);
+        const auto bias = uniform(size_t(experts), rng);
+        std::vector<uint16_t> router(size_t(experts * dim));
+        for (auto& v : router) v = f32_to_bf16(std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng));
+        const auto d_x = to_device(x), d_norm = to_device(norm), d_bias = to_device(bias), d_router = to_device(router);
+        cuda::DeviceBuffer f32(size_t(rows * dim) * 4), bf16_a(size_t(rows * dim) * 2), bf16_b(size_t(rows * dim) * 2);
+        cuda::DeviceBuffer logits_a(size_t(rows * experts) * 4), logits_b(size_t(rows * experts) * 4);
+        cuda::rms_norm_dual(d_x.get<float>(), rows, dim, d_norm.get<float>(), 1e-5f, f32.get<float>(), bf16_a.get<uint16_t>(),
+                            nullptr);
+        cuda::linear_f32_input(d_router.get<uint16_t>(), d_bias.get<float>(), f32.get<float>(), rows, experts, dim,
+                               logits_a.get<float>(), nullptr);
+        cuda::rms_norm_router(d_x.get<float>(), rows, dim, d_norm.get<float>(), 1e-5f, d_router.get<uint16_t>(),
+                              d_bias.get<float>(), experts, logits_b.get<float>(), bf16_b.get<uint16_t>(), f32.get<float>(),
+                              nullptr);
+        const auto la = to_host<float>(logits_a, size_t(rows * experts)), lb = to_host<float>(logits_b, size_t(rows * experts));
+        const auto ha = to_host<uint16_t>(bf16_a, size_t(rows * dim)), hb = to_host<uint16_t>(bf16_b, size_t(rows * dim));
+        if (rows > cuda::kNormRouterRows) {
+          EXPECT_TRUE(same_bits(la, lb));
+          EXPECT_TRUE(same_bits(ha, hb));
+          continue;
+        }
+        double worst = 0.0, scale = 0.0;
+        for (size_t i = 0; i < la.size(); ++i) {
+          worst = std::max(worst, double(std::abs(la[i] - lb[i])));
+          scale = std::max(scale, double(std::abs(la[i])));
+        }
+        EXPECT_LE(worst, 1e-5 * scale) << "logits";
+        int64_t far = 0;
+        for (size_t i = 0; i < ha.size(); ++i) far += std::abs(int(ha[i]) - int(hb[i])) > 1 ? 1 : 0;
+        EXPECT_EQ(far, 0) << "bf16 norm values more than one unit apart";
+      }
+    }
+  }
+}
+
 // RoPE + cache write in one kernel against split_qkv_rope then kv_cache_write, for every cache
 // dtype, with scattered blocks and a sliding layer's freed block (-1) that must not be written.
 TEST(CudaFusedOps, RopeIntoCacheEqualsRopeThenCacheWrite) {

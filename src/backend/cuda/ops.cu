@@ -350,6 +350,109 @@ __global__ void linear_f32_input_kernel(const void* weight, const float* row_sca
   }
 }
 
+// rms_norm_dual followed by the router's linear_f32_input, for few rows: block (e, rows) makes its
+// rows' inverse RMS itself from x (L2-resident: a second read costs little), then expert e's
+// logits from the normalized values, made on the fly exactly as rms_norm_kernel makes them, and
+// writes its 1/E share of the rows' bf16 norm (the experts' input). One kernel fewer per layer,
+// and no float32 copy of the norm.
+__global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim, const float* __restrict__ norm_weight,
+                                       float eps, const uint16_t* __restrict__ router, const float* __restrict__ bias,
+                                       int64_t m, int64_t experts, float* __restrict__ logits,
+                                       uint16_t* __restrict__ out_bf16) {
+  wait_for_predecessor();
+  release_dependents();
+  const int64_t expert = blockIdx.x, row0 = int64_t(blockIdx.y) * kLinearRows;
+  const int rows = int(m - row0 < kLinearRows ? m - row0 : kLinearRows);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float partial[kLinearRows][kLinearThreads / 32];
+  __shared__ float inverse[kLinearRows];
+  auto block_sums = [&](float (&values)[kLinearRows]) {
+#pragma unroll
+    for (int r = 0; r < kLinearRows; ++r) {
+      float v = values[r];
+      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+      if (lane == 0) partial[r][warp] = v;
+    }
+    __syncthreads();
+  };
+
+  // 16-byte loads where everything is aligned (2880 inputs: 2.8 steps per thread, not 22).
+  const uint16_t* w = router + expert * dim;
+  const bool vector = dim % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
+                      (reinterpret_cast<uintptr_t>(w) & 15u) == 0 && (reinterpret_cast<uintptr_t>(norm_weight) & 15u) == 0;
+  const int64_t vector_end = vector ? dim : 0;
+  float squares[kLinearRows] = {};
+  for (int64_t i8 = threadIdx.x; i8 < vector_end / 8; i8 += kLinearThreads)
+#pragma unroll
+    for (int r = 0; r < kLinearRows; ++r)
+      if (r < rows) {
+        const float4* xr = reinterpret_cast<const float4*>(x + (row0 + r) * dim) + 2 * i8;
+        const float4 a = xr[0], b = xr[1];
+        const float values[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) squares[r] = fmaf(values[j], values[j], squares[r]);
+      }
+  for (int64_t i = vector_end + threadIdx.x; i < dim; i += kLinearThreads)
+#pragma unroll
+    for (int r = 0; r < kLinearRows; ++r)
+      if (r < rows) {
+        const float v = x[(row0 + r) * dim + i];
+        squares[r] = fmaf(v, v, squares[r]);
+      }
+  block_sums(squares);
+  if (threadIdx.x < rows) {
+    float total = 0.0f;
+    for (int w2 = 0; w2 < kLinearThreads / 32; ++w2) total += partial[threadIdx.x][w2];
+    inverse[threadIdx.x] = rsqrtf(total / float(dim) + eps);
+  }
+  __syncthreads();
+  float inv[kLinearRows];
+#pragma unroll
+  for (int r = 0; r < kLinearRows; ++r) inv[r] = r < rows ? inverse[r] : 0.0f;
+
+  float sum[kLinearRows] = {};
+  for (int64_t i8 = threadIdx.x; i8 < vector_end / 8; i8 += kLinearThreads) {
+    const uint4 packed = __ldg(reinterpret_cast<const uint4*>(w) + i8);
+    const float4 na = __ldg(reinterpret_cast<const float4*>(norm_weight) + 2 * i8);
+    const float4 nb = __ldg(reinterpret_cast<const float4*>(norm_weight) + 2 * i8 + 1);
+    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+    const float scales[8] = {na.x, na.y, na.z, na.w, nb.x, nb.y, nb.z, nb.w};
+    float wf[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      wf[2 * j] = __uint_as_float(words[j] << 16);
+      wf[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+    }
+#pragma unroll
+    for (int r = 0; r < kLinearRows; ++r)
+      if (r < rows) {
+        const float4* xr = reinterpret_cast<const float4*>(x + (row0 + r) * dim) + 2 * i8;
+        const float4 a = xr[0], b = xr[1];
+        const float values[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum[r] = fmaf(values[j] * inv[r] * scales[j], wf[j], sum[r]);
+      }
+  }
+  for (int64_t i = vector_end + threadIdx.x; i < dim; i += kLinearThreads) {
+    const float wi = bf16_bits_to_float(w[i]), scale = norm_weight[i];
+#pragma unroll
+    for (int r = 0; r < kLinearRows; ++r)
+      if (r < rows) sum[r] = fmaf(x[(row0 + r) * dim + i] * inv[r] * scale, wi, sum[r]);
+  }
+  block_sums(sum);
+  if (threadIdx.x < rows) {
+    float total = 0.0f;
+    for (int w2 = 0; w2 < kLinearThreads / 32; ++w2) total += partial[threadIdx.x][w2];
+    logits[(row0 + threadIdx.x) * experts + expert] = total + (bias ? bias[expert] : 0.0f);
+  }
+
+  const int64_t share = (dim + gridDim.x - 1) / gridDim.x, first = expert * share;
+  const int64_t last = first + share < dim ? first + share : dim;
+  for (int r = 0; r < rows; ++r)
+    for (int64_t i = first + threadIdx.x; i < last; i += kLinearThreads)
+      out_bf16[(row0 + r) * dim + i] = float_to_bf16_bits(x[(row0 + r) * dim + i] * inv[r] * norm_weight[i]);
+}
+
 int threads_for(int64_t width) { return width >= 1024 ? 1024 : width >= 256 ? 256 : 128; }
 
 }  // namespace
@@ -373,6 +476,20 @@ void rms_norm_dual(const float* x, int64_t rows, int64_t dim, const float* weigh
   if (rows == 0) return;
   launch_chained(rms_norm_kernel, unsigned(rows), threads_for(dim), 0, as_stream(stream), x, dim, weight, eps,
                  out_f32, out_bf16);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+void rms_norm_router(const float* x, int64_t rows, int64_t dim, const float* norm_weight, float eps,
+                     const uint16_t* router, const float* router_bias, int64_t experts, float* logits,
+                     uint16_t* out_bf16, float* scratch_f32, Stream stream) {
+  if (rows == 0) return;
+  if (rows > kNormRouterRows) {
+    rms_norm_dual(x, rows, dim, norm_weight, eps, scratch_f32, out_bf16, stream);
+    return linear_f32_input(router, router_bias, scratch_f32, rows, experts, dim, logits, stream);
+  }
+  const dim3 grid(unsigned(experts), unsigned(ceil_div(rows, kLinearRows)));
+  launch_chained(rms_norm_router_kernel, grid, kLinearThreads, 0, as_stream(stream), x, dim, norm_weight, eps, router,
+                 router_bias, rows, experts, logits, out_bf16);
   ANVIL_CUDA_LAUNCHED();
 }
 

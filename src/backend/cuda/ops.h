@@ -47,6 +47,15 @@ void linear_add(const DenseWeight& weight, const float* bias, const uint16_t* x,
 int64_t quantize_fp8_rows(const uint16_t* weight, int64_t rows, int64_t in_features, uint8_t* codes,
                           float* row_scales, Stream stream);
 
+// rms_norm_dual then linear_f32_input of the float32 norm (a MoE router: bf16 router [experts,
+// dim], logits [rows, experts]): in one launch up to kNormRouterRows rows, which makes the norm in
+// every block instead of storing it (logits then differ from the two-step result by summation
+// order only); past that the two launches, through scratch_f32 [rows, dim].
+constexpr int64_t kNormRouterRows = 4;
+void rms_norm_router(const float* x, int64_t rows, int64_t dim, const float* norm_weight, float eps,
+                     const uint16_t* router, const float* router_bias, int64_t experts, float* logits,
+                     uint16_t* out_bf16, float* scratch_f32, Stream stream);
+
 // y[m, out] = x[m, in] · W[out, in]ᵀ + bias with float32 x: for small layers whose outputs make
 // discrete choices (MoE routers), where rounding x to bf16 could flip which experts are picked.
 // One warp per output; not for large layers.
