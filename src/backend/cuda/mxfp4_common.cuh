@@ -25,7 +25,12 @@ __device__ __forceinline__ uint32_t rotate_left(uint32_t word, int bits) {
 // Pair `pair` (codes pair, pair + 4) of a device-layout word as bf16 bits of code · 2^-126.
 // `pair` is a constant after unrolling in every caller; the rotations of a word are shared by
 // its pairs.
+// Where both rotations agree, one rotation and one mask are written out: the compiler does not merge
+// (x & a) | (x & b) into x & (a | b) itself (it emitted two LOP3 for pair 1 in the SASS of commit
+// 7981807), and the layout was chosen for that op count.
 __device__ __forceinline__ uint32_t fp4_pair_raw(uint32_t word, int pair) {
+  if (magnitude_rotation(pair) == sign_rotation(pair))
+    return rotate_left(word, magnitude_rotation(pair)) & (kPairMagnitudeBits | kPairSignBits);
   return (rotate_left(word, magnitude_rotation(pair)) & kPairMagnitudeBits) |
          (rotate_left(word, sign_rotation(pair)) & kPairSignBits);
 }
