@@ -215,16 +215,28 @@ TEST(CudaAttention, GraphShapedDecodeStepsMatchTheCpu) {
 // Decode-only steps take the decode kernel: contexts from one key to several splits, windows
 // that start mid-chunk, every group size up to 8 and the generic kernel past it (16), every
 // head_dim, and one workspace reused across calls (its split tickets must return to zero).
+// With a bf16 cache both decode kernels run, each forced for every context: the tensor-core one
+// (head_dim 64 and 128, groups up to 8) and the CUDA-core one; then the default choice by context.
 TEST(CudaAttention, DecodeKernelMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   const std::vector<std::pair<int64_t, int64_t>> lengths = {{0, 1}, {30, 1}, {31, 1}, {127, 1}, {128, 1},
                                                             {129, 1}, {700, 1}, {2100, 1}};
-  for (bool graph : {false, true}) {
-    check_attention({64, 8, 64, 0, true, lengths}, 21, cuda::KvDtype::BF16, graph, 3);
-    check_attention({64, 8, 64, 128, true, lengths}, 22, cuda::KvDtype::BF16, graph, 3);
-    check_attention({64, 8, 64, 128, true, {{2100, 1}}}, 23, cuda::KvDtype::BF16, graph, 3);
-    check_attention({16, 8, 128, 0, false, {{3000, 1}}}, 24, cuda::KvDtype::BF16, graph, 3);
+  using Kernel = cuda::DecodeAttentionKernel;
+  for (const Kernel kernel : {Kernel::TensorCores, Kernel::CudaCores, Kernel::Auto}) {
+    SCOPED_TRACE(kernel == Kernel::TensorCores ? "tensor-core decode kernel"
+                 : kernel == Kernel::CudaCores ? "CUDA-core decode kernel"
+                                               : "decode kernel chosen by context");
+    cuda::set_decode_attention_kernel(kernel);
+    for (bool graph : {false, true}) {
+      check_attention({64, 8, 64, 0, true, lengths}, 21, cuda::KvDtype::BF16, graph, 3);
+      check_attention({64, 8, 64, 128, true, lengths}, 22, cuda::KvDtype::BF16, graph, 3);
+      check_attention({64, 8, 64, 128, true, {{2100, 1}}}, 23, cuda::KvDtype::BF16, graph, 3);
+      check_attention({16, 8, 128, 0, false, {{3000, 1}}}, 24, cuda::KvDtype::BF16, graph, 3);
+      check_attention({32, 8, 128, 0, true, lengths}, 31, cuda::KvDtype::BF16, graph, 2);  // group 4
+      check_attention({16, 8, 64, 0, false, lengths}, 32, cuda::KvDtype::BF16, graph, 2);   // group 2
+    }
   }
+  cuda::set_decode_attention_kernel(Kernel::Auto);
   check_attention({12, 4, 128, 0, true, lengths}, 25, cuda::KvDtype::F32, false, 2);
   check_attention({12, 4, 128, 100, true, lengths}, 26, cuda::KvDtype::FP8_E4M3, true, 2);
   check_attention({4, 4, 32, 0, false, lengths}, 27);

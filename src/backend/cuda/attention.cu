@@ -14,11 +14,15 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_decode.cuh"
+#include "backend/cuda/attention_decode_mma.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
@@ -391,14 +395,54 @@ void launch_decode(const AttentionBatch& batch, const AttentionShape& shape, con
   ANVIL_CUDA_LAUNCHED();
 }
 
+std::atomic<DecodeAttentionKernel>& decode_kernel_choice() {
+  static std::atomic<DecodeAttentionKernel> choice{[] {
+    const char* env = std::getenv("ANVIL_ATTENTION_MMA");
+    if (env && std::string(env) == "0") return DecodeAttentionKernel::CudaCores;
+    if (env && std::string(env) == "1") return DecodeAttentionKernel::TensorCores;
+    return DecodeAttentionKernel::Auto;
+  }()};
+  return choice;
+}
+
+// context: the launch's bound on the keys a sequence sees (batch.max_context, or the window).
+bool takes_mma_decode(KvDtype dtype, int64_t head_dim, int64_t context) {
+  if (dtype != KvDtype::BF16 || (head_dim != 64 && head_dim != 128)) return false;
+  const DecodeAttentionKernel choice = decode_kernel_choice().load();
+  return choice == DecodeAttentionKernel::TensorCores ||
+         (choice == DecodeAttentionKernel::Auto && context >= kMmaDecodeMinContext);
+}
+
+// Warps per block of the decode kernel that will run (the split rule gives each warp one chunk).
+int64_t decode_kernel_warps(bool mma, KvDtype dtype, int64_t head_dim) {
+  if (mma) return head_dim == 64 ? kMmaDecodeWarps<64> : kMmaDecodeWarps<128>;
+  return decode_warps(dtype);
+}
+
+template <int D, int G, typename Out>
+void launch_mma_decode(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                       const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits,
+                       cudaStream_t stream) {
+  constexpr auto kernel = decode_attention_mma_kernel<D, G, Out>;
+  constexpr size_t smem = mma_decode_smem_bytes<D, G>();
+  allow_smem<kernel>(smem);
+  const dim3 grid(unsigned(batch.num_sequences), unsigned(shape.num_kv_heads), unsigned(splits));
+  launch_chained(kernel, grid, kMmaDecodeWarps<D> * 32, smem, stream, batch, shape, q, cache, out, partials, tickets,
+                 splits);
+  ANVIL_CUDA_LAUNCHED();
+}
+
 template <int D, int G, typename Out>
 void dispatch_decode_kv(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
-                        const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits,
+                        const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits, bool mma,
                         cudaStream_t stream) {
   if constexpr (std::is_same_v<Out, float>) {
     if (cache.dtype == KvDtype::F32)
       return launch_decode<D, G, KvDtype::F32>(batch, shape, q, cache, out, partials, tickets, splits, stream);
   } else {
+    if constexpr (kMmaDecodeHeadDim<D>) {
+      if (mma) return launch_mma_decode<D, G>(batch, shape, q, cache, out, partials, tickets, splits, stream);
+    }
     if (cache.dtype == KvDtype::BF16)
       return launch_decode<D, G, KvDtype::BF16>(batch, shape, q, cache, out, partials, tickets, splits, stream);
     if (cache.dtype == KvDtype::FP8_E4M3)
@@ -409,11 +453,11 @@ void dispatch_decode_kv(const AttentionBatch& batch, const AttentionShape& shape
 
 template <int D, typename Out>
 void dispatch_decode(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
-                     Out* out, float* partials, int* tickets, int splits, cudaStream_t stream) {
+                     Out* out, float* partials, int* tickets, int splits, bool mma, cudaStream_t stream) {
   const int64_t group = shape.num_heads / shape.num_kv_heads;
-  if (group <= 2) return dispatch_decode_kv<D, 2>(batch, shape, q, cache, out, partials, tickets, splits, stream);
-  if (group <= 4) return dispatch_decode_kv<D, 4>(batch, shape, q, cache, out, partials, tickets, splits, stream);
-  dispatch_decode_kv<D, 8>(batch, shape, q, cache, out, partials, tickets, splits, stream);
+  if (group <= 2) return dispatch_decode_kv<D, 2>(batch, shape, q, cache, out, partials, tickets, splits, mma, stream);
+  if (group <= 4) return dispatch_decode_kv<D, 4>(batch, shape, q, cache, out, partials, tickets, splits, mma, stream);
+  dispatch_decode_kv<D, 8>(batch, shape, q, cache, out, partials, tickets, splits, mma, stream);
 }
 
 template <typename Out>
@@ -438,17 +482,21 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
                                                    : batch.max_context;
 
   if (batch.max_new_tokens == 1 && batch.num_rows == batch.num_sequences && group <= kDecodeMaxGroup) {
+    // The kernel follows the keys a sequence can have: under CUDA graphs max_context is a fixed
+    // far bound, but the block tables' padded stride bounds the context until the next capture.
+    const int64_t table_keys = int64_t(batch.max_blocks) * cache.block_size;
+    const bool mma = takes_mma_decode(cache.dtype, shape.head_dim, std::min(context, table_keys));
     int splits = 1;
     if (batch.num_rows <= kMaxSplitRows) {
-      const int64_t by_length = ceil_div(ceil_div(context, kDecodeKeys), decode_warps(cache.dtype));
+      const int64_t by_length = ceil_div(ceil_div(context, kDecodeKeys), decode_kernel_warps(mma, cache.dtype, shape.head_dim));
       const int64_t by_occupancy = ceil_div(target_blocks, batch.num_sequences * shape.num_kv_heads);
       splits = int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
       if (partial_bytes(batch.num_rows, shape.num_heads, shape.head_dim, splits) > partials_room) splits = 1;
     }
     switch (shape.head_dim) {
-      case 32: return dispatch_decode<32>(batch, shape, q, cache, out, partials, tickets, splits, s);
-      case 64: return dispatch_decode<64>(batch, shape, q, cache, out, partials, tickets, splits, s);
-      default: return dispatch_decode<128>(batch, shape, q, cache, out, partials, tickets, splits, s);
+      case 32: return dispatch_decode<32>(batch, shape, q, cache, out, partials, tickets, splits, mma, s);
+      case 64: return dispatch_decode<64>(batch, shape, q, cache, out, partials, tickets, splits, mma, s);
+      default: return dispatch_decode<128>(batch, shape, q, cache, out, partials, tickets, splits, mma, s);
     }
   }
 
@@ -479,6 +527,8 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
 }
 
 }  // namespace
+
+void set_decode_attention_kernel(DecodeAttentionKernel kernel) { decode_kernel_choice().store(kernel); }
 
 void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
                      const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,

@@ -73,6 +73,69 @@ __device__ __forceinline__ void load_slice(const uint8_t* p, float out[N]) {
   }
 }
 
+// The end of a decode block: its warps' states (max_s, sum_s and acc_s, written before a
+// __syncthreads) merged into one per head, then stored, or written as this split's partial; the
+// last split of a (sequence, KV head) to arrive merges all of them.
+template <int D, int G, int kWarps, typename Out>
+__device__ __forceinline__ void decode_finish(const AttentionShape& shape, Out* out, float* partials, int* tickets,
+                                              int splits, int active, int row, int kv_head, int split,
+                                              const float (*max_s)[G], const float (*sum_s)[G],
+                                              const float (*acc_s)[G][D], bool& last_s) {
+  const int group = int(shape.num_heads / shape.num_kv_heads);
+  const int64_t q_stride = shape.num_heads * D;
+  const float* sinks = shape.sinks;
+  for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+    const int h = i / D, d = i % D, head = kv_head * group + h;
+    float m = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, max_s[w][h]);
+    float sum = 0.0f, value = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      if (max_s[w][h] == -INFINITY) continue;  // a warp that had no chunk
+      const float f = expf(max_s[w][h] - m);
+      sum += sum_s[w][h] * f;
+      value += acc_s[w][h][d] * f;
+    }
+    if (active == 1) {
+      const float denominator = sum + (sinks ? expf(sinks[head] - m) : 0.0f);
+      store_out(out + int64_t(row) * q_stride + int64_t(head) * D + d, denominator > 0.0f ? value / denominator : 0.0f);
+    } else {
+      float* partial = partials + ((int64_t(row) * shape.num_heads + head) * splits + split) * (D + 2);
+      partial[d] = value;
+      if (d == 0) {
+        partial[D] = m;
+        partial[D + 1] = sum;
+      }
+    }
+  }
+  if (active == 1) return;
+
+  // The last of the active splits to get here merges them all.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* ticket = tickets + int64_t(row) * shape.num_kv_heads + kv_head;
+    last_s = atomicAdd(ticket, 1) == active - 1;
+    if (last_s) *ticket = 0;  // every split has arrived: ready for the next call
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+    const int h = i / D, d = i % D, head = kv_head * group + h;
+    const float* base = partials + (int64_t(row) * shape.num_heads + head) * splits * (D + 2);
+    float m = -INFINITY;
+    for (int s = 0; s < active; ++s) m = fmaxf(m, __ldcg(base + s * (D + 2) + D));
+    float sum = 0.0f, value = 0.0f;
+    for (int s = 0; s < active; ++s) {
+      const float f = expf(__ldcg(base + s * (D + 2) + D) - m);
+      sum += __ldcg(base + s * (D + 2) + D + 1) * f;
+      value += __ldcg(base + s * (D + 2) + d) * f;
+    }
+    const float denominator = sum + (sinks ? expf(sinks[head] - m) : 0.0f);
+    store_out(out + int64_t(row) * q_stride + int64_t(head) * D + d, denominator > 0.0f ? value / denominator : 0.0f);
+  }
+}
+
 // partials: [row][head][split][D + 2] (unnormalized output, max, sum), as the generic kernel's.
 // tickets: [row][kv head], zero between calls.
 // G: the group (query heads per KV head) rounded up to 2, 4 or 8; the padding heads have q = 0
@@ -228,57 +291,8 @@ __global__ void __launch_bounds__(kDecodeWarps<KV> * 32)
     for (int e = 0; e < kPerLane; ++e) acc_s[warp][h][lane * kPerLane + e] = acc[h][e];
   }
   __syncthreads();
-  const float* sinks = shape.sinks;
-  for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
-    const int h = i / D, d = i % D, head = kv_head * group + h;
-    float m = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, max_s[w][h]);
-    float sum = 0.0f, value = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (max_s[w][h] == -INFINITY) continue;  // a warp that had no chunk
-      const float f = expf(max_s[w][h] - m);
-      sum += sum_s[w][h] * f;
-      value += acc_s[w][h][d] * f;
-    }
-    if (active == 1) {
-      const float denominator = sum + (sinks ? expf(sinks[head] - m) : 0.0f);
-      store_out(out + int64_t(row) * q_stride + int64_t(head) * D + d, denominator > 0.0f ? value / denominator : 0.0f);
-    } else {
-      float* partial = partials + ((int64_t(row) * shape.num_heads + head) * splits + split) * (D + 2);
-      partial[d] = value;
-      if (d == 0) {
-        partial[D] = m;
-        partial[D + 1] = sum;
-      }
-    }
-  }
-  if (active == 1) return;
-
-  // The last of the active splits to get here merges them all.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* ticket = tickets + int64_t(row) * shape.num_kv_heads + kv_head;
-    last_s = atomicAdd(ticket, 1) == active - 1;
-    if (last_s) *ticket = 0;  // every split has arrived: ready for the next call
-  }
-  __syncthreads();
-  if (!last_s) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
-    const int h = i / D, d = i % D, head = kv_head * group + h;
-    const float* base = partials + (int64_t(row) * shape.num_heads + head) * splits * (D + 2);
-    float m = -INFINITY;
-    for (int s = 0; s < active; ++s) m = fmaxf(m, __ldcg(base + s * (D + 2) + D));
-    float sum = 0.0f, value = 0.0f;
-    for (int s = 0; s < active; ++s) {
-      const float f = expf(__ldcg(base + s * (D + 2) + D) - m);
-      sum += __ldcg(base + s * (D + 2) + D + 1) * f;
-      value += __ldcg(base + s * (D + 2) + d) * f;
-    }
-    const float denominator = sum + (sinks ? expf(sinks[head] - m) : 0.0f);
-    store_out(out + int64_t(row) * q_stride + int64_t(head) * D + d, denominator > 0.0f ? value / denominator : 0.0f);
-  }
+  decode_finish<D, G, kWarps>(shape, out, partials, tickets, splits, active, row, kv_head, split, max_s, sum_s, acc_s,
+                              last_s);
 }
 
 }  // namespace anvil::cuda::attn

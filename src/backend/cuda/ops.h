@@ -308,6 +308,16 @@ void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, c
                      const KvLayerCache& cache, float* out, void* workspace, size_t workspace_bytes,
                      Stream stream);
 
+// Which kernel runs decode attention with a bf16 cache, head_dim 64 or 128 and up to 8 query heads
+// per KV head: by default (Auto) the tensor-core one (attention_decode_mma.cuh) for contexts of
+// kMmaDecodeMinContext keys and more, where the CUDA-core kernel's arithmetic is what costs, and the
+// CUDA-core one below that, where latency does and it measured faster. ANVIL_ATTENTION_MMA=0 / =1
+// at start picks one kernel everywhere, as set_decode_attention_kernel does; for tests and A/B
+// measurements (a captured graph keeps the kernel it was captured with).
+enum class DecodeAttentionKernel { Auto, CudaCores, TensorCores };
+constexpr int64_t kMmaDecodeMinContext = 2048;
+void set_decode_attention_kernel(DecodeAttentionKernel kernel);
+
 // ---- dummy weights on the device (dummy_fill.cu) ----
 
 // Fills a tensor exactly as the CPU's dummy weight source does (models/weights.cpp: splitmix64

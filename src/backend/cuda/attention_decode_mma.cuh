@@ -1,0 +1,258 @@
+#pragma once
+// Decode attention on tensor cores, for a bf16 KV cache with head_dim 64 or 128 and up to 8 query
+// heads per KV head (gpt-oss, Qwen3): the cases the models run by default.
+//
+// The CUDA-core kernel (attention_decode.cuh) spends ~1,400 dependent FMA and shared-memory
+// instructions per lane on a 32-key chunk, with one warp per chunk. Here the same chunk is 32
+// mma.sync: 44 % fewer instructions for a gpt-oss layer at a 256-key context. At such short
+// contexts that bought little (ncu on an H200: 8.6-10.7 -> 8.3-9.2 us for a sliding layer, 13.3-13.9
+// -> 12.2 us for a full one: the kernel waits on memory round trips there) and in CUDA graphs it
+// measured 3 % slower at batch 8 (docs/perf/logs/h200/attention-mma/), so the launcher picks it
+// for long contexts only (ops.h, DecodeAttentionKernel), where the arithmetic dominates. A block owns
+// (sequence, KV head, split) as there, and the KV head's G query heads are the n8 side of both
+// products, so each lane's two heads (2t, 2t+1) are the same in the scores' and the output's
+// accumulators and the online softmax needs no exchange but the max over keys:
+//   S[32 keys x 8 heads]   = K[32 x D] · Qᵀ        (K rows from shared memory through ldmatrix)
+//   Oᵀ[D x 8 heads]       += Vᵀ[D x 32] · P         (V rows through ldmatrix.trans, P transposed
+//                                                   in registers with movmatrix)
+// q and p are each split into two bf16 terms (hi + lo), so every product is exact to ~2^-17 like
+// the float32 kernel's; K and V are bf16 already.
+//
+// A decode step writes exactly one slot per sequence (its newest key, by the RoPE kernel right
+// before this one); every older key was written by an earlier step. So a warp starts copying its
+// first chunk's older keys before waiting for its predecessor, and only the newest key and q wait.
+#include <cuda_bf16.h>
+
+#include "backend/cuda/attention_decode.cuh"
+
+namespace anvil::cuda::attn {
+
+// 8 warps (a 128-key window or a 256-key context in one split) where the rows fit SM120's 99 KB
+// next to the rest; 4 for head_dim 128.
+template <int D>
+constexpr int kMmaDecodeWarps = D >= 128 ? 4 : 8;
+
+template <int D>
+constexpr bool kMmaDecodeHeadDim = D == 64 || D == 128;
+
+// Dynamic shared memory: each warp's key and value rows, [warp][K, V][key][D] bf16, and after the
+// loop the warps' output accumulators, [warp][head][D] floats, in the same bytes.
+template <int D, int G>
+constexpr size_t mma_decode_smem_bytes() {
+  const size_t rows = size_t(kMmaDecodeWarps<D>) * 2 * kDecodeKeys * D * 2;
+  const size_t accumulators = size_t(kMmaDecodeWarps<D>) * G * D * sizeof(float);
+  return rows > accumulators ? rows : accumulators;
+}
+
+// Row `row`'s 16-byte chunk `chunk` within a [key][D] bf16 tile: XOR with the row's low bits, so
+// the 8 rows an ldmatrix reads fall in 8 different bank groups.
+__device__ __forceinline__ int mma_decode_chunk(int row, int chunk) { return chunk ^ (row & 7); }
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t address, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(address));
+}
+
+// The 8x8 b16 matrix held as mma fragments (lane g*4+t: row g, columns 2t, 2t+1), transposed.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// (a, b) as two bf16 pairs whose sum is (a, b) to ~2^-17: hi rounds, lo rounds the remainder.
+__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 back = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(a - back.x, b - back.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// partials, tickets, splits and the split rule: as decode_attention_kernel. G: the group rounded
+// up to 2, 4 or 8 (the products always run 8 head columns; the padding heads have q = 0).
+template <int D, int G, typename Out>
+__global__ void __launch_bounds__(kMmaDecodeWarps<D> * 32)
+    decode_attention_mma_kernel(AttentionBatch batch, AttentionShape shape, const float* q, KvLayerCache cache,
+                                Out* out, float* partials, int* tickets, int splits) {
+  static_assert(kMmaDecodeHeadDim<D> && G <= 8, "head_dim 64 or 128, at most 8 query heads per KV head");
+  constexpr int kWarps = kMmaDecodeWarps<D>, kSteps = D / 16, kRowChunks = D / 8;
+  __shared__ float max_s[kWarps][G], sum_s[kWarps][G];
+  __shared__ bool last_s;
+  extern __shared__ __align__(16) uint8_t rows_s[];  // [warp][K, V][key][D] bf16, then acc_s
+  float (*const acc_s)[G][D] = reinterpret_cast<float (*)[G][D]>(rows_s);
+
+  const int seq = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
+  const int group = int(shape.num_heads / shape.num_kv_heads);
+  const int row = batch.row_begin[seq], pos = batch.start_pos[seq];
+  const int window = int(shape.sliding_window);
+  const int first_key = window > 0 ? max(0, pos - window + 1) : 0;
+  const int chunks = (pos - first_key) / kDecodeKeys + 1;
+  const int active = min(splits, (chunks + kWarps - 1) / kWarps);
+  if (split >= active) return;
+  const int chunk_lo = int(int64_t(chunks) * split / active), chunk_hi = int(int64_t(chunks) * (split + 1) / active);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int block_size = int(cache.block_size);
+  const int32_t* table = batch.block_tables + int64_t(seq) * batch.max_blocks;
+  const int64_t q_stride = shape.num_heads * D, kv_stride = shape.num_kv_heads * D;
+  const uint32_t keys_s = gemm::smem_u32(rows_s + size_t(warp) * 2 * kDecodeKeys * D * 2);
+  const uint32_t values_s = keys_s + kDecodeKeys * D * 2;
+
+  // Lane `lane` copies key first_key + 32c + lane of chunk c. A visible key whose block is unmapped
+  // is zero-filled (score 0, value 0, as in the other kernels); keys past pos are zero-filled and
+  // masked. `newest` picks the lane holding key pos (true) or the others (false).
+  auto copy_rows = [&](int c, bool newest) {
+    const int key = first_key + c * kDecodeKeys + lane;
+    if ((key == pos) != newest) return;
+    const int block = key <= pos ? table[key / block_size] : -1;
+    const bool mapped = block >= 0;
+    const int64_t at = mapped ? (int64_t(block) * block_size + key % block_size) * kv_stride + int64_t(kv_head) * D : 0;
+    const uint16_t* k_row = static_cast<const uint16_t*>(cache.keys) + at;
+    const uint16_t* v_row = static_cast<const uint16_t*>(cache.values) + at;
+#pragma unroll
+    for (int chunk = 0; chunk < kRowChunks; ++chunk) {
+      const uint32_t offset = uint32_t((lane * kRowChunks + mma_decode_chunk(lane, chunk)) * 16);
+      gemm::cp_async_16(keys_s + offset, k_row + chunk * 8, mapped);
+      gemm::cp_async_16(values_s + offset, v_row + chunk * 8, mapped);
+    }
+  };
+  const int first_chunk = chunk_lo + warp;
+  if (first_chunk < chunk_hi) copy_rows(first_chunk, false);
+
+  wait_for_predecessor();
+  release_dependents();
+
+  // Qᵀ as the scores' B operand: lane (g, t) holds head g's dims 16s + 2t + {0, 1, 8, 9}.
+  uint32_t q_hi[kSteps][2], q_lo[kSteps][2];
+  {
+    const float* q_head = q + int64_t(row) * q_stride + (int64_t(kv_head) * group + g) * D;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const float2 a = g < group ? *reinterpret_cast<const float2*>(q_head + 16 * s + 2 * t) : make_float2(0.f, 0.f);
+      const float2 b = g < group ? *reinterpret_cast<const float2*>(q_head + 16 * s + 2 * t + 8) : make_float2(0.f, 0.f);
+      split_bf16x2(a.x, a.y, q_hi[s][0], q_lo[s][0]);
+      split_bf16x2(b.x, b.y, q_hi[s][1], q_lo[s][1]);
+    }
+  }
+
+  // o[i] = Oᵀ[dims 16i + g (+8)][heads 2t, 2t+1]; run_max and the lane's share of the sum per head.
+  float o[kSteps][4], run_max[2] = {-INFINITY, -INFINITY}, lane_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+
+  for (int c = first_chunk; c < chunk_hi; c += kWarps) {
+    if (c != first_chunk) copy_rows(c, false);
+    copy_rows(c, true);
+    gemm::cp_async_commit();
+    gemm::cp_async_wait<0>();
+    __syncwarp();
+    const int chunk_first = first_key + c * kDecodeKeys;
+
+    // Scores: m-tile mt holds keys 16mt..16mt+15; s[mt] = {S[g][2t], S[g][2t+1], S[g+8][2t], S[g+8][2t+1]}.
+    float s[2][4] = {};
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+        const int matrix = lane / 8, key = 16 * mt + (matrix & 1) * 8 + lane % 8;
+        const int chunk = 2 * ks + (matrix >> 1);
+        uint32_t a0, a1, a2, a3;
+        gemm::ldmatrix_x4(keys_s + uint32_t((key * kRowChunks + mma_decode_chunk(key, chunk)) * 16), a0, a1, a2, a3);
+        gemm::mma_bf16_16816(s[mt], a0, a1, a2, a3, q_hi[ks][0], q_hi[ks][1]);
+        gemm::mma_bf16_16816(s[mt], a0, a1, a2, a3, q_lo[ks][0], q_lo[ks][1]);
+      }
+
+    // Online softmax per head column j (head 2t + j): keys past pos are hidden; the chunk's first
+    // key is always visible, so the new max is finite.
+    float chunk_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = chunk_first + 16 * mt + g + (e >= 2 ? 8 : 0);
+        s[mt][e] = key <= pos ? s[mt][e] * shape.scale : -INFINITY;
+        chunk_max[e & 1] = fmaxf(chunk_max[e & 1], s[mt][e]);
+      }
+    float correction[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int step = 4; step < 32; step *= 2)
+        chunk_max[j] = fmaxf(chunk_max[j], __shfl_xor_sync(0xffffffffu, chunk_max[j], step));
+      const float m = fmaxf(run_max[j], chunk_max[j]);
+      correction[j] = expf(run_max[j] - m);
+      run_max[j] = m;
+      lane_sum[j] *= correction[j];
+    }
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[i][e] *= correction[e & 1];
+
+    // P as the output's B operand: k-step mt covers keys 16mt..16mt+15. The scores' fragments of
+    // keys 16mt + (0..7) and 16mt + (8..15) are 8x8 matrices [key][head]; transposed, they are
+    // the B fragments b0 = P[keys 2t, 2t+1][head g] and b1 = P[keys 2t+8, 2t+9][head g].
+    uint32_t p_hi[2][2], p_lo[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[e] = expf(s[mt][e] - run_max[e & 1]);
+        lane_sum[e & 1] += p[e];
+      }
+      uint32_t hi0, lo0, hi1, lo1;
+      split_bf16x2(p[0], p[1], hi0, lo0);
+      split_bf16x2(p[2], p[3], hi1, lo1);
+      p_hi[mt][0] = movmatrix_trans(hi0);
+      p_lo[mt][0] = movmatrix_trans(lo0);
+      p_hi[mt][1] = movmatrix_trans(hi1);
+      p_lo[mt][1] = movmatrix_trans(lo1);
+    }
+
+    // Vᵀ as the A operand, m-tile i = dims 16i..16i+15: ldmatrix.trans of the value rows hands
+    // lane (g, t) V[keys 2t, 2t+1][dim g] of each 8x8 block.
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i)
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int matrix = lane / 8, key = 16 * mt + (matrix >> 1) * 8 + lane % 8;
+        const int chunk = 2 * i + (matrix & 1);
+        uint32_t a0, a1, a2, a3;
+        ldmatrix_x4_trans(values_s + uint32_t((key * kRowChunks + mma_decode_chunk(key, chunk)) * 16), a0, a1, a2, a3);
+        gemm::mma_bf16_16816(o[i], a0, a1, a2, a3, p_hi[mt][0], p_hi[mt][1]);
+        gemm::mma_bf16_16816(o[i], a0, a1, a2, a3, p_lo[mt][0], p_lo[mt][1]);
+      }
+    __syncwarp();  // the rows are rewritten by the next chunk
+  }
+
+  // The warp's state into shared memory once every warp is done with its rows (acc_s reuses them).
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int step = 4; step < 32; step *= 2) lane_sum[j] += __shfl_xor_sync(0xffffffffu, lane_sum[j], step);
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int head = 2 * t + j;
+    if (head >= G) continue;
+    if (g == 0) {
+      max_s[warp][head] = run_max[j];
+      sum_s[warp][head] = lane_sum[j];
+    }
+#pragma unroll
+    for (int i = 0; i < kSteps; ++i) {
+      acc_s[warp][head][16 * i + g] = o[i][j];
+      acc_s[warp][head][16 * i + g + 8] = o[i][j + 2];
+    }
+  }
+  __syncthreads();
+  decode_finish<D, G, kWarps>(shape, out, partials, tickets, splits, active, row, kv_head, split, max_s, sum_s, acc_s,
+                              last_s);
+}
+
+}  // namespace anvil::cuda::attn
