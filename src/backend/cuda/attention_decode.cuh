@@ -73,6 +73,29 @@ __device__ __forceinline__ void load_slice(const uint8_t* p, float out[N]) {
   }
 }
 
+// What decode block (sequence, KV head, split) covers: its sequence's newest position and first
+// visible key, and its share [chunk_lo, chunk_hi) of the 32-key chunks. Splits past `active` have
+// no keys (the launch's count comes from a bound, the real length is the sequence's).
+struct DecodeRange {
+  int seq, kv_head, split, group, row, pos, first_key, active, chunk_lo, chunk_hi;
+};
+
+__device__ __forceinline__ DecodeRange decode_range(const AttentionBatch& batch, const AttentionShape& shape,
+                                                    int splits, int warps) {
+  DecodeRange r;
+  r.seq = blockIdx.x, r.kv_head = blockIdx.y, r.split = blockIdx.z;
+  r.group = int(shape.num_heads / shape.num_kv_heads);
+  r.row = batch.row_begin[r.seq], r.pos = batch.start_pos[r.seq];
+  const int window = int(shape.sliding_window);
+  r.first_key = window > 0 ? max(0, r.pos - window + 1) : 0;
+  const int chunks = (r.pos - r.first_key) / kDecodeKeys + 1;
+  // As many splits as give each warp at most one chunk, within the launch's.
+  r.active = min(splits, (chunks + warps - 1) / warps);
+  r.chunk_lo = int(int64_t(chunks) * r.split / r.active);
+  r.chunk_hi = int(int64_t(chunks) * (r.split + 1) / r.active);
+  return r;
+}
+
 // The end of a decode block: its warps' states (max_s, sum_s and acc_s, written before a
 // __syncthreads) merged into one per head, then stored, or written as this split's partial; the
 // last split of a (sequence, KV head) to arrive merges all of them.
@@ -153,16 +176,11 @@ __global__ void __launch_bounds__(kDecodeWarps<KV> * 32)
   float (*const acc_s)[G][D] = reinterpret_cast<float (*)[G][D]>(value_rows);
 
   // The step's metadata and block tables were uploaded before the step began: read before the wait.
-  const int seq = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
-  const int group = int(shape.num_heads / shape.num_kv_heads);
-  const int row = batch.row_begin[seq], pos = batch.start_pos[seq];
-  const int window = int(shape.sliding_window);
-  const int first_key = window > 0 ? max(0, pos - window + 1) : 0;
-  const int chunks = (pos - first_key) / kDecodeKeys + 1;
-  // As many splits as give each warp at most one chunk, within the launch's.
-  const int active = min(splits, (chunks + kWarps - 1) / kWarps);
-  if (split >= active) return;
-  const int chunk_lo = int(int64_t(chunks) * split / active), chunk_hi = int(int64_t(chunks) * (split + 1) / active);
+  const DecodeRange range = decode_range(batch, shape, splits, kWarps);
+  if (range.split >= range.active) return;
+  const int seq = range.seq, kv_head = range.kv_head, split = range.split, group = range.group, row = range.row;
+  const int pos = range.pos, first_key = range.first_key, active = range.active;
+  const int chunk_lo = range.chunk_lo, chunk_hi = range.chunk_hi;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int block_size = int(cache.block_size);
   const int32_t* table = batch.block_tables + int64_t(seq) * batch.max_blocks;

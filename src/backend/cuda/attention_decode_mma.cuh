@@ -84,15 +84,11 @@ __global__ void __launch_bounds__(kMmaDecodeWarps<D> * 32)
   extern __shared__ __align__(16) uint8_t rows_s[];  // [warp][K, V][key][D] bf16, then acc_s
   float (*const acc_s)[G][D] = reinterpret_cast<float (*)[G][D]>(rows_s);
 
-  const int seq = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
-  const int group = int(shape.num_heads / shape.num_kv_heads);
-  const int row = batch.row_begin[seq], pos = batch.start_pos[seq];
-  const int window = int(shape.sliding_window);
-  const int first_key = window > 0 ? max(0, pos - window + 1) : 0;
-  const int chunks = (pos - first_key) / kDecodeKeys + 1;
-  const int active = min(splits, (chunks + kWarps - 1) / kWarps);
-  if (split >= active) return;
-  const int chunk_lo = int(int64_t(chunks) * split / active), chunk_hi = int(int64_t(chunks) * (split + 1) / active);
+  const DecodeRange range = decode_range(batch, shape, splits, kWarps);
+  if (range.split >= range.active) return;
+  const int seq = range.seq, kv_head = range.kv_head, split = range.split, group = range.group, row = range.row;
+  const int pos = range.pos, first_key = range.first_key, active = range.active;
+  const int chunk_lo = range.chunk_lo, chunk_hi = range.chunk_hi;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int block_size = int(cache.block_size);
   const int32_t* table = batch.block_tables + int64_t(seq) * batch.max_blocks;

@@ -259,6 +259,25 @@ __device__ __forceinline__ float e4m3_to_float(uint32_t code) {
   return __uint_as_float((((code & 0x80u) << 8) | ((code & 0x7Fu) << 4)) << 16) * 0x1p120f;
 }
 
+// Each row's sum of the block's per-thread values[r] (kLinearThreads threads), for thread r; the
+// order is fixed (lanes by butterfly, then warps in turn). The block may reuse partial afterwards.
+__device__ __forceinline__ float block_row_sum(const float (&values)[kLinearRows],
+                                               float (&partial)[kLinearRows][kLinearThreads / 32]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < kLinearRows; ++r) {
+    float v = values[r];
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) partial[r][warp] = v;
+  }
+  __syncthreads();
+  float total = 0.0f;
+  if (threadIdx.x < kLinearRows)
+    for (int w = 0; w < kLinearThreads / 32; ++w) total += partial[threadIdx.x][w];
+  __syncthreads();
+  return total;
+}
+
 // FP8 rows (kFp8): one 16-byte group (fp8_layout.h) per thread step, the row scale applied to the
 // sum. The launcher checks in % 16 == 0 and the alignment.
 template <bool kFp8>
@@ -334,17 +353,8 @@ __global__ void linear_f32_input_kernel(const void* weight, const float* row_sca
     }
   }
   __shared__ float partial[kLinearRows][kLinearThreads / 32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int r = 0; r < kLinearRows; ++r) {
-    float v = sum[r];
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (lane == 0) partial[r][warp] = v;
-  }
-  __syncthreads();
+  float total = block_row_sum(sum, partial);
   if (threadIdx.x < rows) {
-    float total = 0.0f;
-    for (int w2 = 0; w2 < kLinearThreads / 32; ++w2) total += partial[threadIdx.x][w2];
     if constexpr (kFp8) total *= row_scales[out];
     y[(row0 + threadIdx.x) * out_features + out] = total + (bias ? bias[out] : 0.0f);
   }
@@ -363,18 +373,8 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
   release_dependents();
   const int64_t expert = blockIdx.x, row0 = int64_t(blockIdx.y) * kLinearRows;
   const int rows = int(m - row0 < kLinearRows ? m - row0 : kLinearRows);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __shared__ float partial[kLinearRows][kLinearThreads / 32];
   __shared__ float inverse[kLinearRows];
-  auto block_sums = [&](float (&values)[kLinearRows]) {
-#pragma unroll
-    for (int r = 0; r < kLinearRows; ++r) {
-      float v = values[r];
-      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-      if (lane == 0) partial[r][warp] = v;
-    }
-    __syncthreads();
-  };
 
   // 16-byte loads where everything is aligned (2880 inputs: 2.8 steps per thread, not 22).
   const uint16_t* w = router + expert * dim;
@@ -399,12 +399,8 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
         const float v = x[(row0 + r) * dim + i];
         squares[r] = fmaf(v, v, squares[r]);
       }
-  block_sums(squares);
-  if (threadIdx.x < rows) {
-    float total = 0.0f;
-    for (int w2 = 0; w2 < kLinearThreads / 32; ++w2) total += partial[threadIdx.x][w2];
-    inverse[threadIdx.x] = rsqrtf(total / float(dim) + eps);
-  }
+  const float square_sum = block_row_sum(squares, partial);
+  if (threadIdx.x < rows) inverse[threadIdx.x] = rsqrtf(square_sum / float(dim) + eps);
   __syncthreads();
   float inv[kLinearRows];
 #pragma unroll
@@ -439,12 +435,8 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
     for (int r = 0; r < kLinearRows; ++r)
       if (r < rows) sum[r] = fmaf(x[(row0 + r) * dim + i] * inv[r] * scale, wi, sum[r]);
   }
-  block_sums(sum);
-  if (threadIdx.x < rows) {
-    float total = 0.0f;
-    for (int w2 = 0; w2 < kLinearThreads / 32; ++w2) total += partial[threadIdx.x][w2];
-    logits[(row0 + threadIdx.x) * experts + expert] = total + (bias ? bias[expert] : 0.0f);
-  }
+  const float total = block_row_sum(sum, partial);
+  if (threadIdx.x < rows) logits[(row0 + threadIdx.x) * experts + expert] = total + (bias ? bias[expert] : 0.0f);
 
   const int64_t share = (dim + gridDim.x - 1) / gridDim.x, first = expert * share;
   const int64_t last = first + share < dim ? first + share : dim;
