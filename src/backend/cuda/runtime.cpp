@@ -98,7 +98,8 @@ std::vector<OpKernel> portable_ops(bool chained_launch) {
        "found; bf16 or FP8 E4M3 weights (FP8 decoded in registers)"},
       {"moe_quantized", "mma.sync W4A16 / W8A16 grouped GEMM and decode; MXFP4, NVFP4 or FP8 experts dequantized in registers"},
       {"attention",
-       "paged, fp32 online softmax, sinks + window: tiled (prefill), one pass with in-kernel split merge (decode)"},
+       "paged, fp32 online softmax, sinks + window: tiled (prefill), one pass with in-kernel split merge (decode; "
+       "mma.sync from a 2048-key context with a bf16 cache)"},
       {"norm_rope_embed", "elementwise (fp32)"},
       {kLaunchOp, chained_launch ? kLaunchChained : "stream order"},
   };
