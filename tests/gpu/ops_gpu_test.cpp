@@ -228,6 +228,13 @@ TEST(CudaAttention, DecodeKernelMatchesTheCpu) {
                                                : "decode kernel chosen by context");
     cuda::set_decode_attention_kernel(kernel);
     for (bool graph : {false, true}) {
+      // The automatic choice only needs the contexts on either side of its bound (the cases below
+      // the loop run it too); each forced kernel takes every case.
+      if (kernel == Kernel::Auto) {
+        check_attention({64, 8, 64, 128, true, {{2100, 1}}}, 23, cuda::KvDtype::BF16, graph, 3);
+        check_attention({16, 8, 128, 0, false, {{3000, 1}}}, 24, cuda::KvDtype::BF16, graph, 3);
+        continue;
+      }
       check_attention({64, 8, 64, 0, true, lengths}, 21, cuda::KvDtype::BF16, graph, 3);
       check_attention({64, 8, 64, 128, true, lengths}, 22, cuda::KvDtype::BF16, graph, 3);
       check_attention({64, 8, 64, 128, true, {{2100, 1}}}, 23, cuda::KvDtype::BF16, graph, 3);
