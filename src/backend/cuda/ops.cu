@@ -360,6 +360,12 @@ __global__ void linear_f32_input_kernel(const void* weight, const float* row_sca
   }
 }
 
+// Eight consecutive floats at p (16-byte aligned) as two 16-byte loads.
+__device__ __forceinline__ void load8_f32(const float* p, float (&out)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
 // rms_norm_dual followed by the router's linear_f32_input, for few rows: block (e, rows) makes its
 // rows' inverse RMS itself from x (L2-resident: a second read costs little), then expert e's
 // logits from the normalized values, made on the fly exactly as rms_norm_kernel makes them, and
@@ -386,9 +392,8 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
 #pragma unroll
     for (int r = 0; r < kLinearRows; ++r)
       if (r < rows) {
-        const float4* xr = reinterpret_cast<const float4*>(x + (row0 + r) * dim) + 2 * i8;
-        const float4 a = xr[0], b = xr[1];
-        const float values[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float values[8];
+        load8_f32(x + (row0 + r) * dim + 8 * i8, values);
 #pragma unroll
         for (int j = 0; j < 8; ++j) squares[r] = fmaf(values[j], values[j], squares[r]);
       }
@@ -409,10 +414,9 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
   float sum[kLinearRows] = {};
   for (int64_t i8 = threadIdx.x; i8 < vector_end / 8; i8 += kLinearThreads) {
     const uint4 packed = __ldg(reinterpret_cast<const uint4*>(w) + i8);
-    const float4 na = __ldg(reinterpret_cast<const float4*>(norm_weight) + 2 * i8);
-    const float4 nb = __ldg(reinterpret_cast<const float4*>(norm_weight) + 2 * i8 + 1);
     const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-    const float scales[8] = {na.x, na.y, na.z, na.w, nb.x, nb.y, nb.z, nb.w};
+    float scales[8];
+    load8_f32(norm_weight + 8 * i8, scales);
     float wf[8];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -422,9 +426,8 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
 #pragma unroll
     for (int r = 0; r < kLinearRows; ++r)
       if (r < rows) {
-        const float4* xr = reinterpret_cast<const float4*>(x + (row0 + r) * dim) + 2 * i8;
-        const float4 a = xr[0], b = xr[1];
-        const float values[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float values[8];
+        load8_f32(x + (row0 + r) * dim + 8 * i8, values);
 #pragma unroll
         for (int j = 0; j < 8; ++j) sum[r] = fmaf(values[j] * inv[r] * scales[j], wf[j], sum[r]);
       }
