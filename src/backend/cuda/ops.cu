@@ -259,6 +259,16 @@ __device__ __forceinline__ float e4m3_to_float(uint32_t code) {
   return __uint_as_float((((code & 0x80u) << 8) | ((code & 0x7Fu) << 4)) << 16) * 0x1p120f;
 }
 
+// Eight bf16 values (16 bytes, in order) as float32, exactly.
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& packed, float (&out)[8]) {
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[2 * j] = __uint_as_float(words[j] << 16);
+    out[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+  }
+}
+
 // Each row's sum of the block's per-thread values[r] (kLinearThreads threads), for thread r; the
 // order is fixed (lanes by butterfly, then warps in turn). The block may reuse partial afterwards.
 __device__ __forceinline__ float block_row_sum(const float (&values)[kLinearRows],
@@ -318,14 +328,8 @@ __global__ void linear_f32_input_kernel(const void* weight, const float* row_sca
     int64_t tail = 0;
     if (vector) {
       for (int64_t i8 = threadIdx.x; i8 < in_features / 8; i8 += kLinearThreads) {
-        const uint4 packed = __ldg(reinterpret_cast<const uint4*>(w) + i8);
-        const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
         float wf[8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          wf[2 * j] = __uint_as_float(words[j] << 16);
-          wf[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
-        }
+        bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(w) + i8), wf);
 #pragma unroll
         for (int r = 0; r < kLinearRows; ++r) {
           if (r >= rows) break;
@@ -413,16 +417,9 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
 
   float sum[kLinearRows] = {};
   for (int64_t i8 = threadIdx.x; i8 < vector_end / 8; i8 += kLinearThreads) {
-    const uint4 packed = __ldg(reinterpret_cast<const uint4*>(w) + i8);
-    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-    float scales[8];
+    float scales[8], wf[8];
     load8_f32(norm_weight + 8 * i8, scales);
-    float wf[8];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      wf[2 * j] = __uint_as_float(words[j] << 16);
-      wf[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
-    }
+    bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(w) + i8), wf);
 #pragma unroll
     for (int r = 0; r < kLinearRows; ++r)
       if (r < rows) {
