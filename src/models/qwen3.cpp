@@ -264,8 +264,6 @@ class Qwen3 : public Model {
     float* h_f32 = run.arena.get<float>(2, rows * std::max(hidden, std::max(q_width, width)));
     float* qkv = run.arena.get<float>(3, rows * qkv_width);
     float* q = run.arena.get<float>(4, rows * q_width);
-    float* k = run.arena.get<float>(5, rows * kv_width);
-    float* v = run.arena.get<float>(6, rows * kv_width);
     float* projected = run.arena.get<float>(7, rows * std::max(hidden, 2 * width));
     float* gate_up = run.arena.get<float>(8, rows * 2 * width);
     float* router_logits = run.arena.get<float>(9, rows * experts);
@@ -293,14 +291,18 @@ class Qwen3 : public Model {
     };
 
     cuda::embedding_bf16(g.embed_tokens, run.step.tokens, rows, hidden, x, stream);
+    // In bf16 mode a quantized MoE's combine also makes the next layer's input norm into h.
+    bool input_normed = false;
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const Qwen3CudaLayer& layer = g.layers[size_t(l)];
       const int group = kv_layout_.layer_group[size_t(l)];
       const int64_t slot = kv_layout_.layer_slot[size_t(l)];
 
-      normed_linear(x, layer.input_norm, layer.qkv_proj, qkv_width, qkv);
-      cuda::split_qkv_norm_rope(qkv, rows, c.num_heads, c.num_kv_heads, head_dim, layer.q_norm, layer.k_norm, eps,
-                                run.step.positions, g.inv_freq, rope_.attention_scale(), q, k, v, stream);
+      if (input_normed)
+        cuda::linear(layer.qkv_proj, nullptr, h, rows, qkv_width, hidden, qkv, stream);
+      else
+        normed_linear(x, layer.input_norm, layer.qkv_proj, qkv_width, qkv);
+      input_normed = false;
       cuda::AttentionShape shape;
       shape.num_heads = c.num_heads;
       shape.num_kv_heads = c.num_kv_heads;
@@ -311,46 +313,62 @@ class Qwen3 : public Model {
       const cuda::KvLayerCache cache{storage.device_keys(slot), storage.device_values(slot), storage.shape().block_size,
                                      storage.shape().dtype};
       const cuda::AttentionBatch& view = run.step.groups[size_t(group)];
-      cuda::kv_cache_write(view, shape, k, v, cache, stream);
+      // q/k norm and RoPE on q and k, k and v straight into the cache.
+      const cuda::QkNorm qk_norm{layer.q_norm, layer.k_norm, eps};
+      cuda::split_qkv_rope_to_cache(qkv, view, shape, run.step.positions, g.inv_freq, rope_.attention_scale(), q,
+                                    cache, stream, &qk_norm);
       if (exact) {
         cuda::paged_attention(view, shape, q, cache, h_f32, attention_workspace, attention_bytes, stream);
         cuda::linear_f32_input(layer.o_proj, nullptr, h_f32, rows, hidden, q_width, projected, stream);
+        cuda::add_inplace(x, projected, rows * hidden, stream);
       } else {
         cuda::paged_attention(view, shape, q, cache, h, attention_workspace, attention_bytes, stream);
-        cuda::linear(layer.o_proj, nullptr, h, rows, hidden, q_width, projected, stream);
+        cuda::linear_add(layer.o_proj, nullptr, h, rows, hidden, q_width, x, stream);
       }
-      cuda::add_inplace(x, projected, rows * hidden, stream);
       run.marks.record("attention block");
 
-      if (layer.moe) {
+      if (layer.moe && (!layer.quantized || exact)) {
         // Routing from the float32 norm output (a discrete choice), experts in float32.
         cuda::rms_norm_f32(x, rows, hidden, layer.post_attention_norm, eps, h_f32, stream);
         cuda::linear_f32_input(layer.router, nullptr, h_f32, rows, c.num_experts, hidden, router_logits, stream);
         cuda::moe_softmax_topk(router_logits, rows, c.num_experts, int(top_k), c.norm_topk_prob, expert_ids,
                                expert_weights, stream);
-        if (!layer.quantized) {
+        if (!layer.quantized)
           cuda::moe_bf16(layer.experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace,
                          moe_bytes, stream);
-        } else if (exact) {
+        else
           cuda::moe_quantized_f32(layer.quantized_experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x,
                                   moe_workspace, moe_bytes, stream);
+      } else if (layer.moe) {
+        // The tensor-core kernels take the normed input in bf16, as every other matrix product;
+        // the router still sees the float32 norm (rms_norm_router makes both in one launch at
+        // decode). Top-k, then a softmax over the k, is softmax, top-k and renormalization
+        // (norm_topk_prob) by another road: the routing kernel then picks the experts itself.
+        cuda::rms_norm_router(x, rows, hidden, layer.post_attention_norm, eps, layer.router, nullptr, c.num_experts,
+                              router_logits, h, h_f32, stream);
+        cuda::NextNorm next{l + 1 < c.num_layers ? g.layers[size_t(l + 1)].input_norm : nullptr, eps, h};
+        const cuda::NextNorm* next_norm = l + 1 < c.num_layers ? &next : nullptr;
+        if (c.norm_topk_prob) {
+          cuda::moe_quantized_from_logits(layer.quantized_experts, h, rows, int(top_k), router_logits, expert_ids,
+                                          expert_weights, x, moe_workspace, moe_bytes, stream, next_norm);
         } else {
-          // The tensor-core kernels take the normed input in bf16, as every other matrix product.
-          cuda::rms_norm_to_bf16(x, rows, hidden, layer.post_attention_norm, eps, h, stream);
+          cuda::moe_softmax_topk(router_logits, rows, c.num_experts, int(top_k), false, expert_ids,
+                                 expert_weights, stream);
           cuda::moe_quantized(layer.quantized_experts, h, rows, int(top_k), expert_ids, expert_weights, x,
-                              moe_workspace, moe_bytes, stream);
+                              moe_workspace, moe_bytes, stream, next_norm);
         }
+        input_normed = next_norm != nullptr;
       } else {
         normed_linear(x, layer.post_attention_norm, layer.gate_up, 2 * c.intermediate_size, gate_up);
         if (exact) {
           cuda::silu_mul_f32(gate_up, rows, c.intermediate_size, h_f32, stream);
           cuda::linear_f32_input(layer.down, nullptr, h_f32, rows, hidden, c.intermediate_size, projected,
                                  stream);
+          cuda::add_inplace(x, projected, rows * hidden, stream);
         } else {
           cuda::silu_mul_to_bf16(gate_up, rows, c.intermediate_size, h, stream);
-          cuda::linear(layer.down, nullptr, h, rows, hidden, c.intermediate_size, projected, stream);
+          cuda::linear_add(layer.down, nullptr, h, rows, hidden, c.intermediate_size, x, stream);
         }
-        cuda::add_inplace(x, projected, rows * hidden, stream);
       }
       run.marks.record(layer.moe ? "experts block" : "mlp block");
     }

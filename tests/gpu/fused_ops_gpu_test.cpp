@@ -137,12 +137,24 @@ TEST(CudaFusedOps, NormRouterEqualsNormThenRouter) {
   }
 }
 
+void rope_into_cache_case(int64_t head_dim, bool with_norm);
+
 // RoPE + cache write in one kernel against split_qkv_rope then kv_cache_write, for every cache
-// dtype, with scattered blocks and a sliding layer's freed block (-1) that must not be written.
+// dtype, with scattered blocks and a sliding layer's freed block (-1) that must not be written;
+// with a q/k norm (Qwen3) against split_qkv_norm_rope then kv_cache_write. At gpt-oss's and
+// Qwen3's head sizes (one warp and two warps per head).
 TEST(CudaFusedOps, RopeIntoCacheEqualsRopeThenCacheWrite) {
   SKIP_WITHOUT_GPU();
+  for (const int64_t head_dim : {64, 128})
+    for (const bool with_norm : {false, true}) {
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + (with_norm ? " with q/k norm" : ""));
+      rope_into_cache_case(head_dim, with_norm);
+    }
+}
+
+void rope_into_cache_case(int64_t head_dim, bool with_norm) {
   std::mt19937 rng(13);
-  const int64_t heads = 8, kv_heads = 2, head_dim = 64, block = 16, total_blocks = 12;
+  const int64_t heads = 8, kv_heads = 2, block = 16, total_blocks = 12;
   const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
   KvLayout layout;
   layout.kv_heads = kv_heads;
@@ -173,6 +185,7 @@ TEST(CudaFusedOps, RopeIntoCacheEqualsRopeThenCacheWrite) {
   for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(150000.0f, -2.0f * float(i) / float(head_dim));
   const auto qkv = uniform(size_t(rows * (q_width + 2 * kv_width)), rng, 2.0f);
   const auto d_qkv = to_device(qkv), d_positions = to_device(positions), d_inv = to_device(inv_freq);
+  const auto d_q_norm = to_device(uniform(size_t(head_dim), rng, 1.5f)), d_k_norm = to_device(uniform(size_t(head_dim), rng, 1.5f));
 
   for (const auto dtype : {cuda::KvDtype::BF16, cuda::KvDtype::F32, cuda::KvDtype::FP8_E4M3}) {
     SCOPED_TRACE(cuda::kv_dtype_name(dtype));
@@ -190,11 +203,18 @@ TEST(CudaFusedOps, RopeIntoCacheEqualsRopeThenCacheWrite) {
     const cuda::KvLayerCache cb{cache_b.device_keys(0), cache_b.device_values(0), block, dtype};
     cuda::DeviceBuffer q_a(size_t(rows * q_width) * 4), q_b(size_t(rows * q_width) * 4);
     cuda::DeviceBuffer k(size_t(rows * kv_width) * 4), v(size_t(rows * kv_width) * 4);
-    cuda::split_qkv_rope(d_qkv.get<float>(), rows, heads, kv_heads, head_dim, d_positions.get<int32_t>(),
-                         d_inv.get<float>(), 1.25f, q_a.get<float>(), k.get<float>(), v.get<float>(), nullptr);
+    const cuda::QkNorm qk_norm{d_q_norm.get<float>(), d_k_norm.get<float>(), 1e-6f};
+    if (with_norm)
+      cuda::split_qkv_norm_rope(d_qkv.get<float>(), rows, heads, kv_heads, head_dim, qk_norm.q, qk_norm.k, qk_norm.eps,
+                                d_positions.get<int32_t>(), d_inv.get<float>(), 1.25f, q_a.get<float>(),
+                                k.get<float>(), v.get<float>(), nullptr);
+    else
+      cuda::split_qkv_rope(d_qkv.get<float>(), rows, heads, kv_heads, head_dim, d_positions.get<int32_t>(),
+                           d_inv.get<float>(), 1.25f, q_a.get<float>(), k.get<float>(), v.get<float>(), nullptr);
     cuda::kv_cache_write(step.groups[0], shape, k.get<float>(), v.get<float>(), ca, nullptr);
     cuda::split_qkv_rope_to_cache(d_qkv.get<float>(), step.groups[0], shape, d_positions.get<int32_t>(),
-                                  d_inv.get<float>(), 1.25f, q_b.get<float>(), cb, nullptr);
+                                  d_inv.get<float>(), 1.25f, q_b.get<float>(), cb, nullptr,
+                                  with_norm ? &qk_norm : nullptr);
     EXPECT_TRUE(same_bits(to_host<float>(q_a, size_t(rows * q_width)), to_host<float>(q_b, size_t(rows * q_width))));
     auto bytes = [&](void* p) {
       std::vector<uint8_t> host(cache_bytes);

@@ -243,11 +243,13 @@ __global__ void kv_write_kernel(AttentionBatch batch, int64_t kv_width, const fl
 
 // One block per (row, head of q|k|v), one thread per rotated pair, as split_qkv_rope_kernel in
 // ops.cu (same float32 angle and precise cos/sin, so q and k get the same values); the k and v
-// heads are stored into the cache at the row's position instead of float buffers.
+// heads are stored into the cache at the row's position instead of float buffers. With a q/k norm
+// (Qwen3), every warp makes the head's inverse RMS as split_qkv_norm_rope_kernel does (the same
+// lanes, order of additions and expressions), so the values are that kernel's too.
 template <KvDtype KV>
 __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch batch, int64_t heads, int64_t kv_heads,
                                             int64_t head_dim, const int32_t* positions, const float* inv_freq,
-                                            float mscale, float* q, KvLayerCache cache) {
+                                            float mscale, float* q, KvLayerCache cache, QkNorm qk_norm) {
   wait_for_predecessor();
   release_dependents();
   const int64_t row = blockIdx.x, head = blockIdx.y, half = head_dim / 2;
@@ -265,10 +267,18 @@ __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch bat
     return;
   }
   const float position = float(positions[row]);
+  const float* norm = head < heads ? qk_norm.q : qk_norm.k;
+  float inv = 1.0f;
+  if (norm) {  // block-uniform: every lane of every warp takes part in the shuffles
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x % 32; i < head_dim; i += 32) sum += in[i] * in[i];
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    inv = rsqrtf(sum / float(head_dim) + qk_norm.eps);
+  }
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
     const float angle = position * inv_freq[j];
     const float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
-    const float x0 = in[j], x1 = in[j + half];
+    const float x0 = norm ? in[j] * inv * norm[j] : in[j], x1 = norm ? in[j + half] * inv * norm[j + half] : in[j + half];
     const float r0 = x0 * c - x1 * s, r1 = x1 * c + x0 * s;
     if (head < heads) {
       float* out = q + (row * heads + head) * head_dim;
@@ -355,8 +365,9 @@ void kv_cache_write(const AttentionBatch& batch, const AttentionShape& shape, co
 
 void split_qkv_rope_to_cache(const float* qkv, const AttentionBatch& batch, const AttentionShape& shape,
                              const int32_t* positions, const float* inv_freq, float mscale, float* q,
-                             const KvLayerCache& cache, Stream stream) {
+                             const KvLayerCache& cache, Stream stream, const QkNorm* qk_norm) {
   if (batch.num_rows == 0) return;
+  const QkNorm norm = qk_norm ? *qk_norm : QkNorm{};
   const dim3 grid(unsigned(batch.num_rows), unsigned(shape.num_heads + 2 * shape.num_kv_heads));
   const unsigned threads = unsigned(std::min<int64_t>(128, std::max<int64_t>(32, shape.head_dim / 2)));
   const cudaStream_t s = as_stream(stream);
@@ -364,15 +375,15 @@ void split_qkv_rope_to_cache(const float* qkv, const AttentionBatch& batch, cons
   switch (cache.dtype) {
     case KvDtype::BF16:
       launch_chained(split_qkv_rope_cache_kernel<KvDtype::BF16>, grid, threads, 0, s, qkv, batch, heads, kv_heads, dim,
-                     positions, inv_freq, mscale, q, cache);
+                     positions, inv_freq, mscale, q, cache, norm);
       break;
     case KvDtype::F32:
       launch_chained(split_qkv_rope_cache_kernel<KvDtype::F32>, grid, threads, 0, s, qkv, batch, heads, kv_heads, dim,
-                     positions, inv_freq, mscale, q, cache);
+                     positions, inv_freq, mscale, q, cache, norm);
       break;
     case KvDtype::FP8_E4M3:
       launch_chained(split_qkv_rope_cache_kernel<KvDtype::FP8_E4M3>, grid, threads, 0, s, qkv, batch, heads, kv_heads,
-                     dim, positions, inv_freq, mscale, q, cache);
+                     dim, positions, inv_freq, mscale, q, cache, norm);
       break;
   }
   ANVIL_CUDA_LAUNCHED();

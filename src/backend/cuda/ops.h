@@ -289,11 +289,19 @@ struct AttentionShape {
 void kv_cache_write(const AttentionBatch& batch, const AttentionShape& shape, const float* k, const float* v,
                     const KvLayerCache& cache, Stream stream);
 
+// Qwen3's RMSNorm of each q and k head before the rotation (weights [head_dim]).
+struct QkNorm {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  float eps = 0.0f;
+};
+
 // split_qkv_rope and kv_cache_write in one launch: q goes to `q` (rotated), k (rotated) and v go
-// straight into the cache, with the same values the two calls would store.
+// straight into the cache, with the same values the two calls would store. With qk_norm, the same
+// for split_qkv_norm_rope and kv_cache_write.
 void split_qkv_rope_to_cache(const float* qkv, const AttentionBatch& batch, const AttentionShape& shape,
                              const int32_t* positions, const float* inv_freq, float mscale, float* q,
-                             const KvLayerCache& cache, Stream stream);
+                             const KvLayerCache& cache, Stream stream, const QkNorm* qk_norm = nullptr);
 
 // Causal attention of each row's query (float32 [rows, heads*head_dim]) over its sequence's
 // cached keys/values (the step's own tokens must already be written). Output [rows,
