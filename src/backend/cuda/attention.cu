@@ -416,13 +416,6 @@ std::atomic<DecodeAttentionKernel>& decode_kernel_choice() {
   return choice;
 }
 
-// context: the launch's bound on the keys a sequence sees (batch.max_context, or the window).
-bool takes_mma_decode(KvDtype dtype, int64_t head_dim, int64_t context) {
-  if (dtype != KvDtype::BF16 || (head_dim != 64 && head_dim != 128)) return false;
-  const DecodeAttentionKernel choice = decode_kernel_choice().load();
-  return choice == DecodeAttentionKernel::TensorCores ||
-         (choice == DecodeAttentionKernel::Auto && context >= kMmaDecodeMinContext);
-}
 
 // Warps per block of the decode kernel that will run (the split rule gives each warp one chunk).
 int64_t decode_kernel_warps(bool mma, KvDtype dtype, int64_t head_dim) {
@@ -489,14 +482,10 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
   const size_t partials_room = workspace_bytes - tickets_size;
   // Split until the grid has about two blocks per multiprocessor.
   const int64_t target_blocks = 2 * int64_t(current_multiprocessors());
-  const int64_t context = shape.sliding_window > 0 ? std::min(batch.max_context, shape.sliding_window + batch.max_new_tokens)
-                                                   : batch.max_context;
+  const int64_t context = attention_context_bound(batch, shape);
 
   if (batch.max_new_tokens == 1 && batch.num_rows == batch.num_sequences && group <= kDecodeMaxGroup) {
-    // The kernel follows the keys a sequence can have: under CUDA graphs max_context is a fixed
-    // far bound, but the block tables' padded stride bounds the context until the next capture.
-    const int64_t table_keys = int64_t(batch.max_blocks) * cache.block_size;
-    const bool mma = takes_mma_decode(cache.dtype, shape.head_dim, std::min(context, table_keys));
+    const bool mma = decode_attention_on_tensor_cores(batch, shape, cache);
     int splits = 1;
     if (batch.num_rows <= kMaxSplitRows) {
       const int64_t by_length = ceil_div(ceil_div(context, kDecodeKeys), decode_kernel_warps(mma, cache.dtype, shape.head_dim));
@@ -540,6 +529,25 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
 }  // namespace
 
 void set_decode_attention_kernel(DecodeAttentionKernel kernel) { decode_kernel_choice().store(kernel); }
+
+// The launch's bound on the keys one sequence sees: the longest context, or a sliding layer's
+// window plus the step's new tokens.
+int64_t attention_context_bound(const AttentionBatch& batch, const AttentionShape& shape) {
+  return shape.sliding_window > 0 ? std::min(batch.max_context, shape.sliding_window + batch.max_new_tokens)
+                                  : batch.max_context;
+}
+
+bool decode_attention_on_tensor_cores(const AttentionBatch& batch, const AttentionShape& shape,
+                                      const KvLayerCache& cache) {
+  if (cache.dtype != KvDtype::BF16 || (shape.head_dim != 64 && shape.head_dim != 128)) return false;
+  if (shape.num_kv_heads <= 0 || shape.num_heads / shape.num_kv_heads > kDecodeMaxGroup) return false;
+  const DecodeAttentionKernel choice = decode_kernel_choice().load();
+  if (choice != DecodeAttentionKernel::Auto) return choice == DecodeAttentionKernel::TensorCores;
+  // The kernel follows the keys a sequence can have: under CUDA graphs max_context is a fixed far
+  // bound, but the block tables' padded stride bounds the context until the next capture.
+  const int64_t table_keys = int64_t(batch.max_blocks) * cache.block_size;
+  return std::min(attention_context_bound(batch, shape), table_keys) >= kMmaDecodeMinContext;
+}
 
 void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
                      const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,

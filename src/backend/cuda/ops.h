@@ -325,6 +325,12 @@ void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, c
 enum class DecodeAttentionKernel { Auto, CudaCores, TensorCores };
 constexpr int64_t kMmaDecodeMinContext = 2048;
 void set_decode_attention_kernel(DecodeAttentionKernel kernel);
+// The choice itself for a decode step (one new token per sequence) of one layer: true where the
+// tensor-core kernel runs. Host code only (no GPU needed), so tests can pin it.
+bool decode_attention_on_tensor_cores(const AttentionBatch& batch, const AttentionShape& shape,
+                                      const KvLayerCache& cache);
+// The most keys one sequence of the batch sees in this layer (a sliding window bounds it).
+int64_t attention_context_bound(const AttentionBatch& batch, const AttentionShape& shape);
 
 // ---- dummy weights on the device (dummy_fill.cu) ----
 
