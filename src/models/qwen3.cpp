@@ -264,6 +264,7 @@ class Qwen3 : public Model {
     float* h_f32 = run.arena.get<float>(2, rows * std::max(hidden, std::max(q_width, width)));
     float* qkv = run.arena.get<float>(3, rows * qkv_width);
     float* q = run.arena.get<float>(4, rows * q_width);
+    uint16_t* act = run.arena.get<uint16_t>(5, rows * width);  // a dense MLP's silu(gate) · up
     float* projected = run.arena.get<float>(7, rows * std::max(hidden, 2 * width));
     float* gate_up = run.arena.get<float>(8, rows * 2 * width);
     float* router_logits = run.arena.get<float>(9, rows * experts);
@@ -358,17 +359,17 @@ class Qwen3 : public Model {
                               moe_workspace, moe_bytes, stream, next_norm);
         }
         input_normed = next_norm != nullptr;
-      } else {
+      } else if (exact) {
         normed_linear(x, layer.post_attention_norm, layer.gate_up, 2 * c.intermediate_size, gate_up);
-        if (exact) {
-          cuda::silu_mul_f32(gate_up, rows, c.intermediate_size, h_f32, stream);
-          cuda::linear_f32_input(layer.down, nullptr, h_f32, rows, hidden, c.intermediate_size, projected,
-                                 stream);
-          cuda::add_inplace(x, projected, rows * hidden, stream);
-        } else {
-          cuda::silu_mul_to_bf16(gate_up, rows, c.intermediate_size, h, stream);
-          cuda::linear_add(layer.down, nullptr, h, rows, hidden, c.intermediate_size, x, stream);
-        }
+        cuda::silu_mul_f32(gate_up, rows, c.intermediate_size, h_f32, stream);
+        cuda::linear_f32_input(layer.down, nullptr, h_f32, rows, hidden, c.intermediate_size, projected, stream);
+        cuda::add_inplace(x, projected, rows * hidden, stream);
+      } else {
+        // At decode gate_up and silu(gate) · up are one launch (the activation into its own
+        // buffer: h is still being read).
+        cuda::rms_norm_to_bf16(x, rows, hidden, layer.post_attention_norm, eps, h, stream);
+        cuda::linear_silu_mul(layer.gate_up, h, rows, c.intermediate_size, hidden, gate_up, act, stream);
+        cuda::linear_add(layer.down, nullptr, act, rows, hidden, c.intermediate_size, x, stream);
       }
       run.marks.record(layer.moe ? "experts block" : "mlp block");
     }

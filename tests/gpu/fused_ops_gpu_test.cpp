@@ -3,6 +3,7 @@
 // fusing is a pure speed change.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstring>
 #include <numeric>
@@ -68,6 +69,42 @@ TEST(CudaFusedOps, LinearAddEqualsLinearThenAdd) {
     EXPECT_TRUE(same_bits(got, want));
     EXPECT_FALSE(same_bits(got, residual));
   }
+}
+
+// A dense MLP's gate_up and silu(gate) · up in one launch, for bf16 and FP8 weights (quantized on
+// the device), at the matrix-vector sizes that fuse (m <= 32, bf16 below cuBLASLt's rows) and
+// beyond (the two-step path inside), against linear then silu_mul_to_bf16. The output is poisoned
+// first: every element must be written.
+TEST(CudaFusedOps, LinearSiluMulEqualsLinearThenSiluMul) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(19);
+  for (const bool fp8 : {false, true})
+    for (const auto [m, width, in] : {std::array<int64_t, 3>{1, 1536, 2048}, {5, 96, 256}, {12, 64, 128},
+                                      {31, 40, 96}, {48, 64, 128}}) {
+      SCOPED_TRACE(std::string(fp8 ? "fp8" : "bf16") + " m=" + std::to_string(m) + " width=" + std::to_string(width) +
+                   " in=" + std::to_string(in));
+      const auto weight = bf16_values(size_t(2 * width * in), rng, 0.2f), x = bf16_values(size_t(m * in), rng);
+      const auto d_w = to_device(weight), d_x = to_device(x);
+      cuda::DeviceBuffer d_codes(size_t(2 * width * in)), d_scales(size_t(2 * width) * sizeof(float));
+      cuda::DenseWeight dw;
+      dw.data = d_w.get();
+      if (fp8) {
+        ASSERT_EQ(cuda::quantize_fp8_rows(d_w.get<uint16_t>(), 2 * width, in, d_codes.get<uint8_t>(),
+                                          d_scales.get<float>(), nullptr),
+                  -1);
+        dw = {cuda::DenseWeight::Format::FP8, d_codes.get(), d_scales.get<float>()};
+      }
+      cuda::DeviceBuffer d_gate_up(size_t(m * 2 * width) * sizeof(float)), d_scratch(size_t(m * 2 * width) * sizeof(float));
+      cuda::DeviceBuffer d_want(size_t(m * width) * 2), d_got(size_t(m * width) * 2);
+      cuda::memset_device(d_got.get(), 0xff, d_got.bytes());
+      cuda::linear(dw, nullptr, d_x.get<uint16_t>(), m, 2 * width, in, d_gate_up.get<float>(), nullptr);
+      cuda::silu_mul_to_bf16(d_gate_up.get<float>(), m, width, d_want.get<uint16_t>(), nullptr);
+      cuda::linear_silu_mul(dw, d_x.get<uint16_t>(), m, width, in, d_scratch.get<float>(), d_got.get<uint16_t>(),
+                            nullptr);
+      const auto got = to_host<uint16_t>(d_got, size_t(m * width)), want = to_host<uint16_t>(d_want, size_t(m * width));
+      EXPECT_TRUE(same_bits(got, want));
+      EXPECT_EQ(std::count(got.begin(), got.end(), uint16_t(0xffff)), 0);
+    }
 }
 
 TEST(CudaFusedOps, DualNormEqualsBothNorms) {

@@ -80,11 +80,15 @@ struct GemvFormat {
 
 // Two blocks (16 warps) per SM keep enough loads in flight; the 128-register cap that implies is
 // met without spills.
-template <int kTokenTiles, int kGemvWarps, bool kFp8>
+// kSiluMul (a gate_up matrix: `out` rows, gate rows first, then as many up rows): a block takes
+// 8 gate rows and their 8 up rows as its 16, so every lane holds both halves of its features and
+// the epilogue writes silu(gate) · up in bf16 to y_bf16 [m, out / 2] instead of y; the sums are
+// the plain kernel's, row for row.
+template <int kTokenTiles, int kGemvWarps, bool kFp8, bool kSiluMul = false>
 __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
     gemv_kernel(const void* __restrict__ weight_bytes, const float* __restrict__ row_scales,
                 const float* __restrict__ bias, const uint16_t* __restrict__ x, int m, int out, int in,
-                float* __restrict__ y, bool accumulate) {
+                float* __restrict__ y, bool accumulate, uint16_t* __restrict__ y_bf16) {
   using F = GemvFormat<kFp8, kTokenTiles>;
   constexpr int kDepth = F::kDepth;
   // Weight offsets count elements: 16 bytes are kLaneK of them.
@@ -94,7 +98,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
   const int g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(blockIdx.x) * 16;
   // Rows past the end read the last row (harmless, never stored).
-  const int64_t row_a = min(row0 + g, int64_t(out) - 1), row_b = min(row0 + g + 8, int64_t(out) - 1);
+  const int64_t feature0 = int64_t(blockIdx.x) * 8;  // kSiluMul: out / 2 is a multiple of 8
+  const int64_t row_a = kSiluMul ? feature0 + g : min(row0 + g, int64_t(out) - 1);
+  const int64_t row_b = kSiluMul ? out / 2 + feature0 + g : min(row0 + g + 8, int64_t(out) - 1);
   const Weight* wa = weight + row_a * in + t * F::kLaneK;
   const Weight* wb = weight + row_b * in + t * F::kLaneK;
   const uint16_t* xr[kTokenTiles];
@@ -177,18 +183,44 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
     partial[warp][n][lane] = make_float4(acc[0][n][0], acc[0][n][1], acc[0][n][2], acc[0][n][3]);
   __syncthreads();
   const float* flat = &partial[0][0][0].x;
-  for (int i = threadIdx.x; i < kTokenTiles * 128; i += blockDim.x) {
-    float sum = 0.0f;
+  if constexpr (kSiluMul) {
+    // Entry (n, lane l, element e) of row g is the gate, element e + 2 (row g + 8) the up.
+    const int64_t width = out / 2;
+    for (int i = threadIdx.x; i < kTokenTiles * 64; i += blockDim.x) {
+      const int n = i / 64, l = (i / 2) % 32, e = i % 2, at = n * 128 + l * 4 + e;
+      float gate = 0.0f, up = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kGemvWarps; ++w) sum += flat[w * kTokenTiles * 128 + i];
-    const int n = i / 128, l = (i / 4) % 32, j = i % 4;
-    const int64_t row = row0 + l / 4 + (j >= 2 ? 8 : 0);
-    const int token = n * 8 + 2 * (l % 4) + (j & 1);
-    if (row < out && token < m) {
-      float* dst = y + int64_t(token) * out + row;
-      if constexpr (kFp8) sum *= row_scales[row];
-      const float value = sum + (bias != nullptr ? bias[row] : 0.0f);
-      *dst = accumulate ? *dst + value : value;
+      for (int w = 0; w < kGemvWarps; ++w) {
+        gate += flat[w * kTokenTiles * 128 + at];
+        up += flat[w * kTokenTiles * 128 + at + 2];
+      }
+      const int64_t feature = feature0 + l / 4;
+      const int token = n * 8 + 2 * (l % 4) + e;
+      if (token < m) {
+        if constexpr (kFp8) {
+          gate *= row_scales[feature];
+          up *= row_scales[width + feature];
+        }
+        gate += bias != nullptr ? bias[feature] : 0.0f;
+        up += bias != nullptr ? bias[width + feature] : 0.0f;
+        const float value = gate / (1.0f + expf(-gate)) * up;  // as silu_mul_to_bf16
+        y_bf16[int64_t(token) * width + feature] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < kTokenTiles * 128; i += blockDim.x) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kGemvWarps; ++w) sum += flat[w * kTokenTiles * 128 + i];
+      const int n = i / 128, l = (i / 4) % 32, j = i % 4;
+      const int64_t row = row0 + l / 4 + (j >= 2 ? 8 : 0);
+      const int token = n * 8 + 2 * (l % 4) + (j & 1);
+      if (row < out && token < m) {
+        float* dst = y + int64_t(token) * out + row;
+        if constexpr (kFp8) sum *= row_scales[row];
+        const float value = sum + (bias != nullptr ? bias[row] : 0.0f);
+        *dst = accumulate ? *dst + value : value;
+      }
     }
   }
 }
@@ -415,25 +447,25 @@ struct Weights {
   bool fp8;
 };
 
-template <int kTokenTiles, bool kFp8>
+template <int kTokenTiles, bool kFp8, bool kSiluMul>
 void launch_gemv_format(const Weights& w, const float* bias, const uint16_t* x, int m, int out, int in, float* y,
-                        bool accumulate, cudaStream_t stream) {
+                        bool accumulate, uint16_t* y_bf16, cudaStream_t stream) {
   const int64_t blocks = ceil_div(out, 16), sms = current_multiprocessors();
   if (blocks > 2 * sms && blocks <= 4 * sms) {
-    launch_chained(gemv_kernel<kTokenTiles, 4, kFp8>, unsigned(blocks), 4 * 32, 0, stream, w.data, w.row_scales, bias,
-                   x, m, out, in, y, accumulate);
+    launch_chained(gemv_kernel<kTokenTiles, 4, kFp8, kSiluMul>, unsigned(blocks), 4 * 32, 0, stream, w.data,
+                   w.row_scales, bias, x, m, out, in, y, accumulate, y_bf16);
   } else {
-    launch_chained(gemv_kernel<kTokenTiles, 8, kFp8>, unsigned(blocks), 8 * 32, 0, stream, w.data, w.row_scales, bias,
-                   x, m, out, in, y, accumulate);
+    launch_chained(gemv_kernel<kTokenTiles, 8, kFp8, kSiluMul>, unsigned(blocks), 8 * 32, 0, stream, w.data,
+                   w.row_scales, bias, x, m, out, in, y, accumulate, y_bf16);
   }
   ANVIL_CUDA_LAUNCHED();
 }
 
-template <int kTokenTiles>
+template <int kTokenTiles, bool kSiluMul = false>
 void launch_gemv(const Weights& w, const float* bias, const uint16_t* x, int m, int out, int in, float* y,
-                 bool accumulate, cudaStream_t stream) {
-  if (w.fp8) return launch_gemv_format<kTokenTiles, true>(w, bias, x, m, out, in, y, accumulate, stream);
-  launch_gemv_format<kTokenTiles, false>(w, bias, x, m, out, in, y, accumulate, stream);
+                 bool accumulate, cudaStream_t stream, uint16_t* y_bf16 = nullptr) {
+  if (w.fp8) return launch_gemv_format<kTokenTiles, true, kSiluMul>(w, bias, x, m, out, in, y, accumulate, y_bf16, stream);
+  launch_gemv_format<kTokenTiles, false, kSiluMul>(w, bias, x, m, out, in, y, accumulate, y_bf16, stream);
 }
 
 template <int kBM, int kBN, int kWarpsM, int kWarpsN, int kStages, int kMinBlocks, bool kFp8>
@@ -553,6 +585,25 @@ void linear(const DenseWeight& weight, const float* bias, const uint16_t* x, int
 void linear_add(const DenseWeight& weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
                 int64_t in_features, float* y, Stream stream) {
   linear_impl("linear_add", dense_weights(weight), bias, x, m, out_features, in_features, y, true, stream);
+}
+
+void linear_silu_mul(const DenseWeight& gate_up, const uint16_t* x, int64_t m, int64_t width, int64_t in_features,
+                     float* scratch, uint16_t* out, Stream stream) {
+  const Weights w = dense_weights(gate_up);
+  // Fused where linear would run the GEMV (so the values are the two-step ones, bit for bit).
+  const bool gemv = in_features % 8 == 0 && reinterpret_cast<uintptr_t>(gate_up.data) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(x) % 16 == 0 && (!w.fp8 || in_features % fp8::kGroup == 0) &&
+                    m >= 1 && m <= 32 && (w.fp8 || m < cublaslt_min_rows()) && width % 8 == 0 &&
+                    2 * width <= INT32_MAX && in_features <= INT32_MAX && w.data != nullptr && out != nullptr;
+  if (!gemv) {
+    linear_impl("linear_silu_mul", w, nullptr, x, m, 2 * width, in_features, scratch, false, stream);
+    return silu_mul_to_bf16(scratch, m, width, out, stream);
+  }
+  const cudaStream_t s = as_stream(stream);
+  const int mi = int(m), rows = int(2 * width), in = int(in_features);
+  if (m <= 8) return launch_gemv<1, true>(w, nullptr, x, mi, rows, in, nullptr, false, s, out);
+  if (m <= 16) return launch_gemv<2, true>(w, nullptr, x, mi, rows, in, nullptr, false, s, out);
+  launch_gemv<4, true>(w, nullptr, x, mi, rows, in, nullptr, false, s, out);
 }
 
 }  // namespace anvil::cuda

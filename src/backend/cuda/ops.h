@@ -39,6 +39,12 @@ void linear(const DenseWeight& weight, const float* bias, const uint16_t* x, int
             int64_t in_features, float* y, Stream stream);
 void linear_add(const DenseWeight& weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
                 int64_t in_features, float* y, Stream stream);
+// A dense MLP's first half: out[m, width] = silu(gate) · up in bf16, where gate_up [2 * width, in]
+// holds the gate rows, then the up rows (no bias). Where `linear` would run its matrix-vector
+// kernel (few rows), one launch whose gate and up sums are linear's, bit for bit; otherwise linear
+// into scratch (float32 [m, 2 * width]) and silu_mul_to_bf16.
+void linear_silu_mul(const DenseWeight& gate_up, const uint16_t* x, int64_t m, int64_t width, int64_t in_features,
+                     float* scratch, uint16_t* out, Stream stream);
 
 // Quantizes a bf16 weight [rows, in] to FP8 E4M3 per row, as the CPU's quantize_linear does
 // (scale = row amax / 448, codes nearest W / scale; the same bytes and scales), writing the codes
