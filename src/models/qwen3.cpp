@@ -38,6 +38,8 @@ struct Qwen3CudaLayer {
   const uint16_t* router = nullptr;
   cuda::MoeBf16Weights experts;
   // --quantize-experts: the experts in MXFP4, NVFP4 or FP8 on the quantized-MoE kernels instead.
+  // Without it quantized_experts describes the bf16 experts for the grouped GEMM, which takes
+  // the steps with many tokens per expert (moe_quantized_takes_gemm).
   bool quantized = false;
   cuda::QuantizedExperts quantized_experts;
 };
@@ -328,7 +330,12 @@ class Qwen3 : public Model {
       }
       run.marks.record("attention block");
 
-      if (layer.moe && (!layer.quantized || exact)) {
+      // bf16 experts take the grouped GEMM where it runs (long prompts), the CUDA-core kernels
+      // (float32) elsewhere.
+      const bool tensor_core_moe =
+          layer.moe && !exact &&
+          (layer.quantized || cuda::moe_quantized_takes_gemm(rows, int(top_k), experts, hidden, moe_width));
+      if (layer.moe && !tensor_core_moe) {
         // Routing from the float32 norm output (a discrete choice), experts in float32.
         cuda::rms_norm_f32(x, rows, hidden, layer.post_attention_norm, eps, h_f32, stream);
         cuda::linear_f32_input(layer.router, nullptr, h_f32, rows, c.num_experts, hidden, router_logits, stream);
@@ -456,11 +463,25 @@ class Qwen3 : public Model {
           layer.quantized = true;
           cuda_->any_quantized_experts = true;
         } else {
-          layer.experts.gate_up = w.stacked_bf16(gate_up_names, gate_up_rows, hidden);
-          layer.experts.down = w.stacked_bf16(down_names, down_rows, width);
+          // Stacked as stored (each expert's gate rows, then its up rows), then laid out in place
+          // for both MoE paths (moe_bf16_pack): device memory the load owns.
+          auto* gate_up = const_cast<uint16_t*>(w.stacked_bf16(gate_up_names, gate_up_rows, hidden));
+          auto* down = const_cast<uint16_t*>(w.stacked_bf16(down_names, down_rows, width));
+          cuda::moe_bf16_pack(gate_up, down, experts, hidden, width, nullptr);
+          layer.experts.gate_up = gate_up;
+          layer.experts.down = down;
           layer.experts.num_experts = experts;
           layer.experts.hidden = hidden;
           layer.experts.intermediate = width;
+          cuda::QuantizedExperts& q = layer.quantized_experts;
+          q.format = cuda::ExpertFormat::BF16;
+          q.activation = cuda::ExpertActivation::SiluMul;
+          q.gate_up_blocks = reinterpret_cast<const uint8_t*>(gate_up);
+          q.down_blocks = reinterpret_cast<const uint8_t*>(down);
+          q.num_experts = experts;
+          q.hidden = hidden;
+          q.intermediate = width;
+          cuda_->any_quantized_experts = true;
         }
       } else {
         const int64_t width = c.intermediate_size;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/bf16_layout.h"
 #include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/mxfp4_layout.h"
 #include "backend/cuda/ops.h"
@@ -43,6 +44,7 @@ enum class Scaling {
   Mxfp4Big,  // the same with some blocks above 128 (the second-multiply path)
   Nvfp4,     // E4M3 per 16 codes (subnormal and zero ones included) and a global scale per expert
   Fp8,       // E4M3 codes (subnormal ones included) and a scale per row
+  Bf16,      // bf16 weights as Qwen3-MoE ships them (the grouped GEMM only)
 };
 
 // The gate_up activation and biases: gpt-oss's clamped SwiGLU with biases, or Qwen3-MoE's
@@ -52,7 +54,7 @@ enum class Gating { GptOss, Qwen };
 // Host copy of one layer's experts plus their device copies.
 struct Experts {
   Shape shape;
-  bool nv = false, fp8 = false, qwen = false;
+  bool nv = false, fp8 = false, qwen = false, bf16 = false;
   std::vector<uint8_t> gu_blocks, gu_scales, down_blocks, down_scales;
   // gu_global / down_global: NVFP4's global scale per expert, FP8's scale per row.
   std::vector<float> gu_bias, down_bias, gu_global, down_global;
@@ -63,9 +65,23 @@ struct Experts {
   // Weight magnitudes around the dummy loader's choice (2^-ceil(log2(sqrt(fan_in) * 2.6))) so
   // activations stay O(1).
   Experts(const Shape& s, Rng& rng, Scaling scaling = Scaling::Mxfp4, Gating gating = Gating::GptOss)
-      : shape(s), nv(scaling == Scaling::Nvfp4), fp8(scaling == Scaling::Fp8), qwen(gating == Gating::Qwen) {
+      : shape(s), nv(scaling == Scaling::Nvfp4), fp8(scaling == Scaling::Fp8), qwen(gating == Gating::Qwen),
+        bf16(scaling == Scaling::Bf16) {
     auto fill = [&](std::vector<uint8_t>& blocks, std::vector<uint8_t>& scales, std::vector<float>& global,
                     std::vector<float>& bias, int64_t rows, int64_t cols) {
+      auto fill_bias = [&] {
+        bias.resize(size_t(s.experts * rows));
+        for (auto& b : bias) b = 0.5f * rng.uniform();
+      };
+      if (bf16) {  // uniform in ±sqrt(3 / fan_in): activations stay O(1)
+        blocks.resize(size_t(s.experts * rows * cols * 2));
+        const float bound = std::sqrt(3.0f / float(cols));
+        for (size_t i = 0; i < blocks.size(); i += 2) {
+          const uint16_t v = f32_to_bf16(bound * rng.uniform());
+          std::memcpy(&blocks[i], &v, 2);
+        }
+        return fill_bias();
+      }
       blocks.resize(size_t(s.experts * rows * cols / (fp8 ? 1 : 2)));
       for (size_t i = 0; i < blocks.size(); i += 8) {
         const uint64_t r = rng.next();
@@ -95,14 +111,13 @@ struct Experts {
           if (scaling == Scaling::Mxfp4Big && rng.next() % 64 == 0) sc = uint8_t(129 + rng.next() % 4);
         }
       }
-      bias.resize(size_t(s.experts * rows));
-      for (auto& b : bias) b = 0.5f * rng.uniform();
+      fill_bias();
     };
     fill(gu_blocks, gu_scales, gu_global, gu_bias, 2 * s.intermediate, s.hidden);
     fill(down_blocks, down_scales, down_global, down_bias, s.hidden, s.intermediate);
     // The kernels take a scale per row: NVFP4's expert-wide global scale repeated over its rows.
     auto row_scales = [&](const std::vector<float>& scales, int64_t rows) {
-      if (!nv) return to_device(scales);
+      if (!nv) return scales.empty() ? cuda::DeviceBuffer() : to_device(scales);
       std::vector<float> per_row;
       for (float g : scales) per_row.insert(per_row.end(), size_t(rows), g);
       return to_device(per_row);
@@ -111,6 +126,14 @@ struct Experts {
     d_down_row_scales = row_scales(down_global, s.hidden);
     // The host copies stay in checkpoint order for the reference; the device ones are packed.
     auto device_codes = [&](const std::vector<uint8_t>& host) {
+      if (bf16) {  // each group of 8 values in bf16_layout.h's order
+        std::vector<uint8_t> laid_out(host.size());
+        for (size_t v = 0; v < host.size() / 2; ++v) {
+          const size_t at = v - v % 8 + size_t(cuda::bf16_layout::position(int(v % 8)));
+          std::memcpy(&laid_out[2 * at], &host[2 * v], 2);
+        }
+        return to_device(laid_out);
+      }
       if (!fp8) {
         auto buffer = to_device(host);
         cuda::mxfp4_pack_codes(buffer.get<uint8_t>(), host.size(), nullptr);
@@ -121,24 +144,27 @@ struct Experts {
       return to_device(laid_out);
     };
     d_gu_blocks = device_codes(gu_blocks);
-    d_gu_scales = to_device(gu_scales);
+    if (!gu_scales.empty()) d_gu_scales = to_device(gu_scales);
     d_gu_bias = to_device(gu_bias);
     d_down_blocks = device_codes(down_blocks);
-    d_down_scales = to_device(down_scales);
+    if (!down_scales.empty()) d_down_scales = to_device(down_scales);
     d_down_bias = to_device(down_bias);
   }
 
   cuda::QuantizedExperts device() const {
     cuda::QuantizedExperts w;
-    w.format = fp8 ? cuda::ExpertFormat::FP8 : nv ? cuda::ExpertFormat::NVFP4 : cuda::ExpertFormat::MXFP4;
+    w.format = bf16  ? cuda::ExpertFormat::BF16
+               : fp8 ? cuda::ExpertFormat::FP8
+               : nv  ? cuda::ExpertFormat::NVFP4
+                     : cuda::ExpertFormat::MXFP4;
     w.activation = qwen ? cuda::ExpertActivation::SiluMul : cuda::ExpertActivation::SwigluOai;
     w.gate_up_row_scales = nv || fp8 ? d_gu_row_scales.get<float>() : nullptr;
     w.down_row_scales = nv || fp8 ? d_down_row_scales.get<float>() : nullptr;
     w.gate_up_blocks = d_gu_blocks.get<uint8_t>();
-    w.gate_up_scales = d_gu_scales.get<uint8_t>();
+    w.gate_up_scales = bf16 || fp8 ? nullptr : d_gu_scales.get<uint8_t>();
     w.gate_up_bias = qwen ? nullptr : d_gu_bias.get<float>();
     w.down_blocks = d_down_blocks.get<uint8_t>();
-    w.down_scales = d_down_scales.get<uint8_t>();
+    w.down_scales = bf16 || fp8 ? nullptr : d_down_scales.get<uint8_t>();
     w.down_bias = qwen ? nullptr : d_down_bias.get<float>();
     w.num_experts = shape.experts;
     w.hidden = shape.hidden;
@@ -148,15 +174,21 @@ struct Experts {
     return w;
   }
 
+  WeightFormat format() const {
+    return bf16 ? WeightFormat::BF16 : fp8 ? WeightFormat::FP8 : nv ? WeightFormat::NVFP4 : WeightFormat::MXFP4;
+  }
+  // Bytes of one expert's rows x cols codes.
+  int64_t code_bytes(int64_t rows, int64_t cols) const { return bf16 ? rows * cols * 2 : rows * cols / (fp8 ? 1 : 2); }
+
   LinearWeight gate_up(int64_t e) const {
     const int64_t rows = 2 * shape.intermediate, cols = shape.hidden;
     LinearWeight w;
-    w.format = fp8 ? WeightFormat::FP8 : nv ? WeightFormat::NVFP4 : WeightFormat::MXFP4;
+    w.format = format();
     w.out_features = rows;
     w.in_features = cols;
-    w.data = gu_blocks.data() + e * rows * cols / (fp8 ? 1 : 2);
+    w.data = gu_blocks.data() + e * code_bytes(rows, cols);
     if (fp8) w.row_scales = gu_global.data() + e * rows;
-    if (!fp8) w.scales = gu_scales.data() + e * rows * cols / (nv ? 16 : 32);
+    if (!fp8 && !bf16) w.scales = gu_scales.data() + e * rows * cols / (nv ? 16 : 32);
     if (nv) w.global_scale = gu_global[size_t(e)];
     w.bias = qwen ? nullptr : gu_bias.data() + e * rows;
     return w;
@@ -164,12 +196,12 @@ struct Experts {
   LinearWeight down(int64_t e) const {
     const int64_t rows = shape.hidden, cols = shape.intermediate;
     LinearWeight w;
-    w.format = fp8 ? WeightFormat::FP8 : nv ? WeightFormat::NVFP4 : WeightFormat::MXFP4;
+    w.format = format();
     w.out_features = rows;
     w.in_features = cols;
-    w.data = down_blocks.data() + e * rows * cols / (fp8 ? 1 : 2);
+    w.data = down_blocks.data() + e * code_bytes(rows, cols);
     if (fp8) w.row_scales = down_global.data() + e * rows;
-    if (!fp8) w.scales = down_scales.data() + e * rows * cols / (nv ? 16 : 32);
+    if (!fp8 && !bf16) w.scales = down_scales.data() + e * rows * cols / (nv ? 16 : 32);
     if (nv) w.global_scale = down_global[size_t(e)];
     w.bias = qwen ? nullptr : down_bias.data() + e * rows;
     return w;
@@ -200,6 +232,7 @@ struct Experts {
   size_t expert_bytes() const {
     const int64_t H = shape.hidden, I = shape.intermediate;
     const int64_t weights = 2 * I * H + H * I;
+    if (bf16) return size_t(weights * 2);
     if (fp8) return size_t(weights + (2 * I + H) * 8);
     return size_t(weights / 2 + weights / (nv ? 16 : 32) + (2 * I + H) * 4);
   }
@@ -333,7 +366,7 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
     const double flops = 2.0 * double(m * s.k) * 3.0 * double(s.hidden) * double(s.intermediate);
     std::printf("[ perf ] moe_quantized %s E=%lld H=%lld I=%lld k=%d m=%lld: %.1f us, %zu experts, %.0f GB/s of expert "
                 "weights, %.1f TFLOP/s; relative error %.1e\n",
-                ex.fp8 ? "FP8" : ex.nv ? "NVFP4" : "MXFP4", static_cast<long long>(s.experts), static_cast<long long>(s.hidden),
+                ex.bf16 ? "BF16" : ex.fp8 ? "FP8" : ex.nv ? "NVFP4" : "MXFP4", static_cast<long long>(s.experts), static_cast<long long>(s.hidden),
                 static_cast<long long>(s.intermediate), s.k, static_cast<long long>(m), seconds * 1e6, active.size(),
                 bytes / seconds * 1e-9, flops / seconds * 1e-12, rel);
   }
@@ -721,6 +754,81 @@ TEST(CudaMoe, QwenGatingWithoutBiasesBothPaths) {
   check_both_paths(Scaling::Mxfp4, 59, Gating::Qwen);
   check_both_paths(Scaling::Nvfp4, 61, Gating::Qwen);
   check_both_paths(Scaling::Fp8, 67, Gating::Qwen);
+}
+
+// Qwen3-MoE's bf16 experts as shipped: the grouped GEMM (steps with 16+ tokens per expert on
+// average) against the CPU, at both tile sizes and with uneven routing; below that size
+// moe_quantized refuses them (moe_bf16 takes those steps).
+TEST(CudaMoeBf16, GroupedGemmMatchesTheCpu) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(71);
+  const Experts ex({8, 256, 384, 2}, rng, Scaling::Bf16, Gating::Qwen);
+  EXPECT_FALSE(cuda::moe_quantized_takes_gemm(63, 2, 8, 256, 384));
+  for (int64_t m : {64, 300, 2048}) {
+    ASSERT_TRUE(cuda::moe_quantized_takes_gemm(m, 2, 8, 256, 384));
+    run_moe(ex, m, route_on_gpu(m, ex.shape, rng), rng);
+  }
+  const Experts wide({16, 2048, 768, 8}, rng, Scaling::Bf16, Gating::Qwen);  // Qwen3-30B-A3B's sizes, fewer experts
+  run_moe(wide, 128, route_on_gpu(128, wide.shape, rng), rng, {0, 6});
+  const int64_t m = 8;
+  std::vector<uint16_t> h(size_t(m * 256), f32_to_bf16(0.5f));
+  std::vector<int32_t> ids(size_t(m * 2), 0);
+  std::vector<float> weights(size_t(m * 2), 0.5f), residual(size_t(m * 256), 0.0f);
+  auto d_h = to_device(h), d_ids = to_device(ids), d_w = to_device(weights), d_res = to_device(residual);
+  const size_t ws_bytes = cuda::moe_quantized_workspace_bytes(m, 2, 8, 256, 384);
+  cuda::DeviceBuffer workspace(ws_bytes);
+  EXPECT_THROW(cuda::moe_quantized(ex.device(), d_h.get<uint16_t>(), m, 2, d_ids.get<int32_t>(), d_w.get<float>(),
+                                   d_res.get<float>(), workspace.get(), ws_bytes, nullptr),
+               std::exception);
+}
+
+// moe_bf16_pack lays out experts as loaded (gate rows, then up rows) into the interleaved rows and
+// bf16_layout.h's order that both bf16 paths read, and moe_bf16 (CUDA cores, float32 h) on those
+// bytes agrees with the CPU to float32 rounding.
+TEST(CudaMoeBf16, PackedExpertsOnCudaCoresMatchTheCpu) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(73);
+  const Experts ex({8, 256, 384, 2}, rng, Scaling::Bf16, Gating::Qwen);
+  const Shape& s = ex.shape;
+  const int64_t H = s.hidden, W = s.intermediate;
+  // The checkpoint's order: per expert the W gate rows (even rows of the test's gate_up), then
+  // the W up rows (odd ones).
+  std::vector<uint16_t> loaded(size_t(s.experts * 2 * W * H)), down(size_t(s.experts * H * W));
+  for (int64_t e = 0; e < s.experts; ++e)
+    for (int64_t j = 0; j < 2 * W; ++j) {
+      const int64_t from = e * 2 * W + (j < W ? 2 * j : 2 * (j - W) + 1);
+      std::memcpy(&loaded[size_t((e * 2 * W + j) * H)], &ex.gu_blocks[size_t(from * H * 2)], size_t(H) * 2);
+    }
+  std::memcpy(down.data(), ex.down_blocks.data(), down.size() * 2);
+  auto d_gate_up = to_device(loaded), d_down = to_device(down);
+  cuda::moe_bf16_pack(d_gate_up.get<uint16_t>(), d_down.get<uint16_t>(), s.experts, H, W, nullptr);
+  EXPECT_EQ(std::memcmp(to_host<uint8_t>(d_gate_up, loaded.size() * 2).data(),
+                        to_host<uint8_t>(ex.d_gu_blocks, loaded.size() * 2).data(), loaded.size() * 2),
+            0);
+  EXPECT_EQ(std::memcmp(to_host<uint8_t>(d_down, down.size() * 2).data(),
+                        to_host<uint8_t>(ex.d_down_blocks, down.size() * 2).data(), down.size() * 2),
+            0);
+  cuda::MoeBf16Weights w{d_gate_up.get<uint16_t>(), d_down.get<uint16_t>(), s.experts, H, W};
+  for (int64_t m : {1, 5, 40}) {
+    const auto routed = route_on_gpu(m, s, rng);
+    std::vector<float> h(size_t(m * H)), residual(size_t(m * H));
+    for (auto& v : h) v = rng.uniform();
+    for (auto& v : residual) v = rng.uniform();
+    auto d_h = to_device(h), d_res = to_device(residual), d_ids = to_device(routed.ids),
+         d_w = to_device(routed.weights);
+    const size_t ws_bytes = cuda::moe_bf16_workspace_bytes(m, s.k, W);
+    cuda::DeviceBuffer workspace(ws_bytes);
+    cuda::moe_bf16(w, d_h.get<float>(), m, s.k, d_ids.get<int32_t>(), d_w.get<float>(), d_res.get<float>(),
+                   workspace.get(), ws_bytes, nullptr);
+    const auto out = to_host<float>(d_res, residual.size());
+    double worst = 0;
+    for (int64_t r = 0; r < m; ++r) {
+      const auto want = ex.reference(h.data() + r * H, routed.ids.data() + r * s.k, routed.weights.data() + r * s.k);
+      for (int64_t i = 0; i < H; ++i)
+        worst = std::max(worst, std::abs(double(out[size_t(r * H + i)]) - residual[size_t(r * H + i)] - want[size_t(i)]));
+    }
+    EXPECT_LT(worst, 1e-4) << "m=" << m;
+  }
 }
 
 // The float32 compute mode's experts: float32 h and intermediates, so they agree with the CPU

@@ -292,6 +292,9 @@ int64_t quantize_bf16_expert_rows(const uint16_t* weight, int64_t rows, int64_t 
       synchronize(stream);
       return -1;
     }
+    case ExpertFormat::BF16:
+      throw_cuda_error("quantize_bf16_expert_rows: bf16 is not a quantized format (moe_bf16_pack lays bf16 out)",
+                       int(cudaErrorInvalidValue), __FILE__, __LINE__);
   }
   return -1;
 }

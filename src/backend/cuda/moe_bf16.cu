@@ -4,7 +4,11 @@
 // input, then the down rows against the float32 SwiGLU output, summed over the k choices in a
 // fixed order. Each weight row is read with 16-byte loads, so at decode (few tokens, each expert
 // read once per token) the kernel is bound by memory; with many tokens per expert it re-reads the
-// expert per token, which a grouped GEMM would not.
+// expert per token, so those steps take the grouped GEMM (moe_quantized, ExpertFormat::BF16) on
+// the same bytes: the weights are in bf16_layout.h's order for it, gate and up rows interleaved.
+#include <algorithm>
+
+#include "backend/cuda/bf16_layout.h"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/ops.h"
 
@@ -15,7 +19,8 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kRoutingWarps = 4;
 
-// Σ_i row[i] · x[i] for one bf16 row of n weights (n a multiple of 8); every lane gets the sum.
+// Σ_i row[i] · x[i] for one bf16 row of n weights (n a multiple of 8) in bf16_layout.h's order
+// (word w of a group of 8 holds values w and w + 4); every lane gets the sum.
 __device__ float bf16_row_dot(const uint16_t* row, const float* x, int64_t n) {
   const int lane = threadIdx.x % 32;
   float sum = 0.0f;
@@ -26,8 +31,8 @@ __device__ float bf16_row_dot(const uint16_t* row, const float* x, int64_t n) {
     const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      sum = fmaf(__uint_as_float(words[w] << 16), xs[2 * w], sum);
-      sum = fmaf(__uint_as_float(words[w] & 0xffff0000u), xs[2 * w + 1], sum);
+      sum = fmaf(__uint_as_float(words[w] << 16), xs[w], sum);
+      sum = fmaf(__uint_as_float(words[w] & 0xffff0000u), xs[w + 4], sum);
     }
   }
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
@@ -41,8 +46,8 @@ __global__ void gate_up_kernel(MoeBf16Weights w, const float* h, int k, const in
   const int64_t expert = ids[assignment], row = assignment / k;
   const uint16_t* base = w.gate_up + expert * 2 * w.intermediate * w.hidden;
   const float* x = h + row * w.hidden;
-  const float gate = bf16_row_dot(base + j * w.hidden, x, w.hidden);
-  const float up = bf16_row_dot(base + (w.intermediate + j) * w.hidden, x, w.hidden);
+  const float gate = bf16_row_dot(base + 2 * j * w.hidden, x, w.hidden);
+  const float up = bf16_row_dot(base + (2 * j + 1) * w.hidden, x, w.hidden);
   if (threadIdx.x % 32 == 0) act[assignment * w.intermediate + j] = gate / (1.0f + expf(-gate)) * up;
 }
 
@@ -107,7 +112,54 @@ __global__ void softmax_topk_kernel(const float* logits, int64_t m, int num_expe
   if (normalize && lane < k) row_weights[lane] /= chosen_sum;
 }
 
+// Eight natural-order bf16 values (one 16-byte group) in bf16_layout.h's order: (0,4), (1,5), (2,6), (3,7).
+__device__ __forceinline__ uint4 to_layout(uint4 v) {
+  static_assert(bf16_layout::position(4) == 1 && bf16_layout::position(1) == 2, "pairs (i, i + 4)");
+  return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                    __byte_perm(v.y, v.w, 0x7632));
+}
+
+__global__ void layout_in_place_kernel(uint4* groups, int64_t count) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    groups[i] = to_layout(groups[i]);
+}
+
+// One expert's gate_up from src (W gate rows, then W up rows, natural order) into dst with gate row
+// j at 2j, up row j at 2j + 1, each group in the layout.
+__global__ void gate_up_layout_kernel(const uint4* src, uint4* dst, int64_t width, int64_t row_groups) {
+  const int64_t count = 2 * width * row_groups;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / row_groups, group = i % row_groups;
+    const int64_t to = row < width ? 2 * row : 2 * (row - width) + 1;
+    dst[to * row_groups + group] = to_layout(src[i]);
+  }
+}
+
+unsigned grid_for(int64_t count) { return unsigned(std::min<int64_t>(ceil_div(count, 256), 8 * 1024)); }
+
 }  // namespace
+
+void moe_bf16_pack(uint16_t* gate_up, uint16_t* down, int64_t experts, int64_t hidden, int64_t width, Stream stream) {
+  if (hidden % 8 || width % 8 || reinterpret_cast<uintptr_t>(gate_up) % 16 || reinterpret_cast<uintptr_t>(down) % 16)
+    throw_cuda_error("moe_bf16_pack: hidden and width must be multiples of 8, the weights 16-byte aligned",
+                     int(cudaErrorInvalidValue), __FILE__, __LINE__);
+  if (experts == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  const int64_t expert_values = 2 * width * hidden;
+  DeviceBuffer scratch(size_t(expert_values) * 2);
+  for (int64_t e = 0; e < experts; ++e) {
+    uint16_t* expert = gate_up + e * expert_values;
+    ANVIL_CUDA_CHECK(cudaMemcpyAsync(scratch.get(), expert, size_t(expert_values) * 2, cudaMemcpyDeviceToDevice, s));
+    gate_up_layout_kernel<<<grid_for(expert_values / 8), 256, 0, s>>>(scratch.get<uint4>(),
+                                                                       reinterpret_cast<uint4*>(expert), width, hidden / 8);
+    ANVIL_CUDA_LAUNCHED();
+  }
+  const int64_t down_groups = experts * hidden * width / 8;
+  layout_in_place_kernel<<<grid_for(down_groups), 256, 0, s>>>(reinterpret_cast<uint4*>(down), down_groups);
+  ANVIL_CUDA_LAUNCHED();
+  // The scratch copy is freed on return; its last use must be done first.
+  ANVIL_CUDA_CHECK(cudaStreamSynchronize(s));
+}
 
 void moe_softmax_topk(const float* logits, int64_t m, int64_t num_experts, int k, bool normalize, int32_t* ids,
                       float* weights, Stream stream) {

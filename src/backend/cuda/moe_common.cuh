@@ -5,7 +5,8 @@
 namespace anvil::cuda::moe {
 
 // The weight formats the kernels are instantiated for (cuda::ExpertFormat).
-enum class Kind { Mxfp4, Nvfp4, Fp8 };
+// Bf16 takes only the grouped GEMM (moe_gemm.cuh).
+enum class Kind { Mxfp4, Nvfp4, Fp8, Bf16 };
 
 // Routing header fields (int32 each).
 enum Header : int { kTotalSlots = 0, kNumActive = 1, kNumTiles = 2, kHeaderInts = 4 };
@@ -32,7 +33,7 @@ struct Routing {
 // down: A = activations, N = H, K = I; writes fp32 [slots, H] at row = slot (token * k + j).
 struct ExpertProduct {
   const uint16_t* a = nullptr;
-  const uint8_t* blocks = nullptr;    // [E, N, K/2] E2M1 codes or [E, N, K] E4M3 codes, device layouts
+  const uint8_t* blocks = nullptr;    // [E, N, K/2] E2M1 codes, [E, N, K] E4M3 codes or bf16, device layouts
   const uint8_t* scales = nullptr;    // [E, N, K/32] E8M0 (MXFP4) or [E, N, K/16] E4M3 (NVFP4)
   const float* row_scales = nullptr;  // [E, N]: NVFP4 the row's global scale, FP8 its row scale
   const float* bias = nullptr;        // [E, N], or null

@@ -22,18 +22,20 @@ struct MoeGemmConfig {
   static constexpr int kWarpM = kBM / kWarpsM, kWarpN = kBN / kWarpsN;
   static constexpr int kMTiles = kWarpM / 16, kNTiles = kWarpN / 8;
   static constexpr int kABytes = kBM * kBK * 2;  // one stage of activations, 128-byte rows
-  // One stage of weight codes: 32-byte rows of FP4, 64-byte rows of FP8.
+  // One stage of weight codes: 32-byte rows of FP4, 64-byte rows of FP8, 128-byte rows of bf16.
   template <Kind K>
-  static constexpr int kBBytes = kBN * kBK / (K == Kind::Fp8 ? 1 : 2);
+  static constexpr int kBBytes = K == Kind::Bf16 ? kBN * kBK * 2 : kBN * kBK / (K == Kind::Fp8 ? 1 : 2);
   template <Kind K>
   static constexpr int kStageBytes = kABytes + kBBytes<K>;
   static_assert(kThreads == 256 && kWarpM % 16 == 0 && kWarpN % 8 == 0, "8 warps tile the block");
   // Plus the block's scales for all of K, bytes kBN * K/32 (MXFP4) or kBN * K/16 (NVFP4), rounded
-  // to 16 (FP8 has row scales only).
+  // to 16 (FP8 has row scales only, bf16 none).
   static size_t smem_bytes(int k, Kind kind) {
-    const int scale_cols = kind == Kind::Fp8 ? 0 : k / (kind == Kind::Nvfp4 ? 16 : 32);
-    return size_t(kStages) * (kind == Kind::Fp8 ? kStageBytes<Kind::Fp8> : kStageBytes<Kind::Mxfp4>) +
-           size_t((kBN * scale_cols + 15) / 16 * 16);
+    const int scale_cols = kind == Kind::Fp8 || kind == Kind::Bf16 ? 0 : k / (kind == Kind::Nvfp4 ? 16 : 32);
+    const int stage = kind == Kind::Bf16  ? kStageBytes<Kind::Bf16>
+                      : kind == Kind::Fp8 ? kStageBytes<Kind::Fp8>
+                                          : kStageBytes<Kind::Mxfp4>;
+    return size_t(kStages) * stage + size_t((kBN * scale_cols + 15) / 16 * 16);
   }
 };
 
@@ -50,9 +52,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   wait_for_predecessor();
   release_dependents();
   constexpr int kBM = Cfg::kBM;
-  constexpr bool kNv = kKind == Kind::Nvfp4, kFp8 = kKind == Kind::Fp8;
+  constexpr bool kNv = kKind == Kind::Nvfp4, kFp8 = kKind == Kind::Fp8, kBf16 = kKind == Kind::Bf16;
   constexpr int kStageBytes = Cfg::template kStageBytes<kKind>;
-  constexpr int kRowBytes = Cfg::kBK / (kFp8 ? 1 : 2);  // of one weight row per k tile
+  constexpr int kRowBytes = kBf16 ? Cfg::kBK * 2 : Cfg::kBK / (kFp8 ? 1 : 2);  // of one weight row per k tile
   using namespace gemm;
   using namespace mxfp4;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -66,7 +68,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
   const int g = lane / 4, t = lane % 4;
-  const int scale_cols = kFp8 ? 0 : kNv ? p.k / 16 : p.k / 32;
+  const int scale_cols = kFp8 || kBf16 ? 0 : kNv ? p.k / 16 : p.k / 32;
   const int k_tiles = p.k / Cfg::kBK;
 
   // The block's scales for every k: [kBN][scale_cols] bytes, behind the pipeline stages. Plain
@@ -135,14 +137,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const uint32_t a_base = smem_base + uint32_t(stage * kStageBytes);
 
     // This lane's weight bytes for the k tile: codes 16t..16t+15 of each of its rows, 8 bytes of
-    // FP4 (one NVFP4 scale block, half an MXFP4 one) or 16 of FP8.
-    uint4 words[Cfg::kNTiles];
+    // FP4 (one NVFP4 scale block, half an MXFP4 one), 16 of FP8 or 32 of bf16 (its eight pairs).
+    uint4 words[Cfg::kNTiles], words_hi[Cfg::kNTiles];
     uint32_t scale[Cfg::kNTiles];
     bool any_big = false;
 #pragma unroll
     for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
       const int row = w_row0 + nt * 8;
-      if constexpr (kFp8) {
+      words_hi[nt] = make_uint4(0u, 0u, 0u, 0u);
+      if constexpr (kBf16) {
+        words[nt] = *reinterpret_cast<const uint4*>(b_tile + row * kRowBytes + t * 32);
+        words_hi[nt] = *reinterpret_cast<const uint4*>(b_tile + row * kRowBytes + t * 32 + 16);
+        scale[nt] = 0;
+      } else if constexpr (kFp8) {
         words[nt] = *reinterpret_cast<const uint4*>(b_tile + row * kRowBytes + t * 16);
         scale[nt] = 0;
       } else {
@@ -159,7 +166,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       uint32_t mul[Cfg::kNTiles], high[Cfg::kNTiles];
 #pragma unroll
       for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
-        mul[nt] = kNv ? nvfp4_multiplier(scale[nt]) : kFp8 ? fp8::kRawToValue : scale_multiplier(scale[nt]);
+        mul[nt] = kNv ? nvfp4_multiplier(scale[nt]) : kFp8 || kBf16 ? fp8::kRawToValue : scale_multiplier(scale[nt]);
         high[nt] = scale_multiplier_high(scale[nt]);
       }
 #pragma unroll
@@ -174,7 +181,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
         for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
           uint32_t b0, b1;
-          if constexpr (kFp8) {  // word ks: pairs 2ks (low) and 2ks+1 (high)
+          if constexpr (kBf16) {  // pairs 2ks and 2ks+1 are stored as they are
+            const uint4& half = ks < 2 ? words[nt] : words_hi[nt];
+            b0 = ks % 2 == 0 ? half.x : half.z;
+            b1 = ks % 2 == 0 ? half.y : half.w;
+          } else if constexpr (kFp8) {  // word ks: pairs 2ks (low) and 2ks+1 (high)
             const uint32_t word = ks == 0 ? words[nt].x : ks == 1 ? words[nt].y : ks == 2 ? words[nt].z : words[nt].w;
             b0 = bf16x2_mul(fp8::low_pair_raw(word), mul[nt]);
             b1 = bf16x2_mul(fp8::high_pair_raw(word), mul[nt]);

@@ -440,8 +440,10 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   if (m < 0) invalid("moe_quantized: negative rows");
   if (m == 0) return;
   if (m * k > INT32_MAX / 2 || 2 * I * E > INT32_MAX || H * E > INT32_MAX) invalid("moe_quantized: shape too large");
-  const bool fp8 = w.format == ExpertFormat::FP8, row_scaled = w.format != ExpertFormat::MXFP4;
-  if (!w.gate_up_blocks || (!fp8 && !w.gate_up_scales) || !w.down_blocks || (!fp8 && !w.down_scales) || !h || !ids ||
+  const bool block_scaled = w.format == ExpertFormat::MXFP4 || w.format == ExpertFormat::NVFP4;
+  const bool row_scaled = w.format == ExpertFormat::NVFP4 || w.format == ExpertFormat::FP8;
+  if (!w.gate_up_blocks || (block_scaled && !w.gate_up_scales) || !w.down_blocks || (block_scaled && !w.down_scales) ||
+      !h || !ids ||
       !route_weights || !residual || !workspace || (row_scaled && (!w.gate_up_row_scales || !w.down_row_scales)))
     invalid("moe_quantized: null pointer");
   if (!aligned16(w.gate_up_blocks) || !aligned16(w.down_blocks) || !aligned16(h) || !aligned16(residual) ||
@@ -465,13 +467,9 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   float* y = reinterpret_cast<float*>(base + l.y);
 
   const int64_t slots = m * k;
-  // Tensor cores once experts average 16+ tokens; below that the weights dominate and the
-  // bandwidth kernel wastes no work on padding rows.
-  const bool gemm_shapes = H % 64 == 0 && I % 64 == 0 && H <= kMoeGemmMaxK && I <= kMoeGemmMaxK;
-#ifndef ANVIL_MOE_GEMM_MIN_PER_EXPERT
-#define ANVIL_MOE_GEMM_MIN_PER_EXPERT 16
-#endif
-  const bool use_gemm = gemm_shapes && slots >= ANVIL_MOE_GEMM_MIN_PER_EXPERT * E;
+  const bool use_gemm = moe_quantized_takes_gemm(m, k, E, H, I);
+  if (w.format == ExpertFormat::BF16 && !use_gemm)
+    invalid("moe_quantized: bf16 experts take the grouped GEMM only (moe_quantized_takes_gemm; moe_bf16 below it)");
   const int tile_rows = !use_gemm ? 0 : slots >= 64 * E ? 128 : 64;
 
   const bool topk_here = router_logits != nullptr && m <= kTopkInRouteRows;
@@ -523,7 +521,7 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
         launch_gemm<64, true, kKind>(gate_up, r, max_tiles, s);
         launch_gemm<64, false, kKind>(down, r, max_tiles, s);
       }
-    } else {
+    } else if constexpr (kKind != Kind::Bf16) {
       gate_up.a = h;
       const int active_bound = int(std::min(E, slots));
       launch_decode_tokens<true, kKind>(m, E, gate_up, r, active_bound, s);
@@ -534,6 +532,7 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
     case ExpertFormat::MXFP4: products(std::integral_constant<Kind, Kind::Mxfp4>{}); break;
     case ExpertFormat::NVFP4: products(std::integral_constant<Kind, Kind::Nvfp4>{}); break;
     case ExpertFormat::FP8: products(std::integral_constant<Kind, Kind::Fp8>{}); break;
+    case ExpertFormat::BF16: products(std::integral_constant<Kind, Kind::Bf16>{}); break;
   }
 
   const int combine_threads = int(std::min<int64_t>(1024, ceil_div(H / 4, 32) * 32));
@@ -547,6 +546,17 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
 }
 
 }  // namespace
+
+// Tensor cores once experts average 16+ tokens; below that the weights dominate and the bandwidth
+// kernel wastes no work on padding rows.
+bool moe_quantized_takes_gemm(int64_t m, int k, int64_t num_experts, int64_t hidden, int64_t intermediate) {
+#ifndef ANVIL_MOE_GEMM_MIN_PER_EXPERT
+#define ANVIL_MOE_GEMM_MIN_PER_EXPERT 16
+#endif
+  const bool shapes = hidden % 64 == 0 && intermediate % 64 == 0 && hidden <= moe::kMoeGemmMaxK &&
+                      intermediate <= moe::kMoeGemmMaxK;
+  return shapes && m * k >= ANVIL_MOE_GEMM_MIN_PER_EXPERT * num_experts;
+}
 
 void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k, const int32_t* ids,
                    const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream,

@@ -117,6 +117,8 @@ void moe_quantized_f32(const QuantizedExperts& weights, const float* h, int64_t 
                    const float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
                    Stream stream) {
   if (m == 0) return;
+  if (weights.format == ExpertFormat::BF16)
+    throw_cuda_error("moe_quantized_f32: bf16 experts take moe_bf16", int(cudaErrorInvalidValue), __FILE__, __LINE__);
   if (workspace_bytes < moe_quantized_f32_workspace_bytes(m, k, weights.intermediate))
     throw_cuda_error("moe_quantized_f32: workspace too small", int(cudaErrorInvalidValue), __FILE__, __LINE__);
   float* act = static_cast<float*>(workspace);

@@ -85,9 +85,12 @@ void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream);
 //         of the row's checkpoint matrix: W = e2m1 · e4m3(scale) · row_scale[e, n]. Scales must not
 //         be NaN (0x7f / 0xff); the quantizers never make one.
 //  FP8:   E4M3 codes [E, N, K] with one float32 scale per row: W = e4m3 · row_scale[e, n].
+//  BF16:  bf16 [E, N, K] (Qwen3-MoE as shipped), no scales; only the grouped GEMM takes them
+//         (moe_quantized_takes_gemm must hold; moe_bf16 runs the smaller steps on the same bytes).
 // E2M1 codes are in the device layout of mxfp4_pack_codes, E4M3 codes in fp8_layout.h's expert
-// layout (expert_position), which gives both formats the same k order in the kernels.
-enum class ExpertFormat { MXFP4, NVFP4, FP8 };
+// layout (expert_position) and bf16 in bf16_layout.h's, which gives every format the same k order
+// in the kernels.
+enum class ExpertFormat { MXFP4, NVFP4, FP8, BF16 };
 
 // The gate_up product's activation: gpt-oss's clamped SwiGLU, or Qwen's silu(gate) · up.
 enum class ExpertActivation { SwigluOai, SiluMul };
@@ -96,7 +99,7 @@ enum class ExpertActivation { SwigluOai, SiluMul };
 struct QuantizedExperts {
   ExpertFormat format = ExpertFormat::MXFP4;
   ExpertActivation activation = ExpertActivation::SwigluOai;
-  const uint8_t* gate_up_blocks = nullptr;      // [E, 2I, H/2] (FP8: [E, 2I, H])
+  const uint8_t* gate_up_blocks = nullptr;      // [E, 2I, H/2] (FP8: [E, 2I, H], BF16: 2 bytes each)
   const uint8_t* gate_up_scales = nullptr;      // [E, 2I, H/32] MXFP4, [E, 2I, H/16] NVFP4
   const float* gate_up_row_scales = nullptr;    // [E, 2I], NVFP4 and FP8
   const float* gate_up_bias = nullptr;          // [E, 2I]
@@ -141,6 +144,7 @@ inline int64_t expert_matrix_bytes(ExpertFormat format, int64_t rows, int64_t in
     case ExpertFormat::MXFP4: return rows * in / 2 + rows * in / 32;
     case ExpertFormat::NVFP4: return rows * in / 2 + rows * in / 16 + rows * 4;
     case ExpertFormat::FP8: return rows * in + rows * 4;
+    case ExpertFormat::BF16: return rows * in * 2;
   }
   return 0;
 }
@@ -154,6 +158,9 @@ void moe_topk_softmax(const float* logits, int64_t m, int64_t num_experts, int k
 // have.
 size_t moe_quantized_workspace_bytes(int64_t max_rows, int k, int64_t num_experts, int64_t hidden,
                                      int64_t intermediate);
+// Whether moe_quantized runs its tensor-core grouped GEMM (many tokens per expert) rather than its
+// bandwidth kernels for m rows.
+bool moe_quantized_takes_gemm(int64_t m, int k, int64_t num_experts, int64_t hidden, int64_t intermediate);
 
 // What to do with the residual stream once the MoE has added into it: the next layer's input
 // RMSNorm to bf16, done by the same kernel that finished the row (one launch and one pass over
@@ -188,11 +195,18 @@ void moe_quantized_f32(const QuantizedExperts& weights, const float* h, int64_t 
 
 // ---- bf16 mixture of experts (moe_bf16.cu: Qwen3-MoE) ----
 
+// Both in the layout of bf16_layout.h (each group of 8 values of a row as 0, 4, 1, 5, 2, 6, 3, 7),
+// which the grouped-GEMM MoE kernels read too (ExpertFormat::BF16).
 struct MoeBf16Weights {
-  const uint16_t* gate_up = nullptr;  // [E, 2W, H]: per expert gate_proj rows, then up_proj rows
+  const uint16_t* gate_up = nullptr;  // [E, 2W, H]: gate row j at 2j, up row j at 2j + 1
   const uint16_t* down = nullptr;     // [E, H, W]
   int64_t num_experts = 0, hidden = 0, intermediate = 0;
 };
+
+// Lays out bf16 experts as loaded (gate_up [E, 2W, H] with each expert's W gate rows, then its W up
+// rows; down [E, H, W]) in place into MoeBf16Weights' layout. H and W must be multiples of 8, the
+// pointers 16-byte aligned. Waits for the result.
+void moe_bf16_pack(uint16_t* gate_up, uint16_t* down, int64_t experts, int64_t hidden, int64_t width, Stream stream);
 
 // Qwen3-MoE routing: softmax over all experts, the k most probable (ties to the lower index),
 // their probabilities renormalized to sum to 1 when `normalize` (norm_topk_prob).
@@ -201,8 +215,8 @@ void moe_softmax_topk(const float* logits, int64_t m, int64_t num_experts, int k
 
 // residual[r] += Σ_j weights[r, j] · down_e(silu(gate_e · h[r]) ⊙ (up_e · h[r])), e = ids[r, j];
 // h float32 [m, H]. One warp per output value on CUDA cores, float32 throughout: exact enough for
-// the fixtures, and bandwidth-bound at decode; prefill re-reads each expert per token (a grouped
-// GEMM is the next step for long prompts).
+// the fixtures, and bandwidth-bound at decode; it re-reads each expert per token, so long prompts
+// take moe_quantized with ExpertFormat::BF16 (moe_quantized_takes_gemm) on the same weights.
 size_t moe_bf16_workspace_bytes(int64_t max_rows, int k, int64_t intermediate);
 void moe_bf16(const MoeBf16Weights& weights, const float* h, int64_t m, int k, const int32_t* ids,
               const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream);
