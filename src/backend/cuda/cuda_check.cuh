@@ -11,6 +11,12 @@ namespace anvil::cuda {
 [[noreturn]] void throw_cuda_error(const char* call, int status, const char* file, int line);
 inline cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Blocks of 256 threads for a grid-stride loop over `count` items, capped (one pass over the
+// items per thread is not worth more blocks than a few waves).
+inline unsigned grid_stride_blocks(int64_t count) {
+  const int64_t blocks = ceil_div(count, 256);
+  return unsigned(blocks < 8 * 1024 ? blocks : 8 * 1024);
+}
 }  // namespace anvil::cuda
 
 #define ANVIL_CUDA_CHECK(call)                                                                  \

@@ -508,6 +508,14 @@ int64_t cublaslt_min_rows() {
   return rows;
 }
 
+// Whether linear_impl runs the matrix-vector kernel for these m rows (with cuBLASLt found; where
+// it is not, the GEMV takes up to 32 bf16 rows too). linear_silu_mul fuses exactly there.
+bool takes_gemv(const Weights& w, const uint16_t* x, int64_t m, int64_t in) {
+  const bool aligned = in % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(x) % 16 == 0 && (!w.fp8 || in % fp8::kGroup == 0);
+  return aligned && m >= 1 && (m <= 8 || (m <= 32 && (w.fp8 || m < cublaslt_min_rows())));
+}
+
 // The name in error messages is the public entry point's.
 void linear_impl(const char* name, const Weights& w, const float* bias, const uint16_t* x, int64_t m,
                  int64_t out_features, int64_t in_features, float* y, bool accumulate, Stream stream) {
@@ -591,10 +599,8 @@ void linear_silu_mul(const DenseWeight& gate_up, const uint16_t* x, int64_t m, i
                      float* scratch, uint16_t* out, Stream stream) {
   const Weights w = dense_weights(gate_up);
   // Fused where linear would run the GEMV (so the values are the two-step ones, bit for bit).
-  const bool gemv = in_features % 8 == 0 && reinterpret_cast<uintptr_t>(gate_up.data) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(x) % 16 == 0 && (!w.fp8 || in_features % fp8::kGroup == 0) &&
-                    m >= 1 && m <= 32 && (w.fp8 || m < cublaslt_min_rows()) && width % 8 == 0 &&
-                    2 * width <= INT32_MAX && in_features <= INT32_MAX && w.data != nullptr && out != nullptr;
+  const bool gemv = w.data != nullptr && out != nullptr && takes_gemv(w, x, m, in_features) && width % 8 == 0 &&
+                    2 * width <= INT32_MAX && in_features <= INT32_MAX;
   if (!gemv) {
     linear_impl("linear_silu_mul", w, nullptr, x, m, 2 * width, in_features, scratch, false, stream);
     return silu_mul_to_bf16(scratch, m, width, out, stream);

@@ -6,8 +6,6 @@
 // read once per token) the kernel is bound by memory; with many tokens per expert it re-reads the
 // expert per token, so those steps take the grouped GEMM (moe_quantized, ExpertFormat::BF16) on
 // the same bytes: the weights are in bf16_layout.h's order for it, gate and up rows interleaved.
-#include <algorithm>
-
 #include "backend/cuda/bf16_layout.h"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/ops.h"
@@ -135,8 +133,6 @@ __global__ void gate_up_layout_kernel(const uint4* src, uint4* dst, int64_t widt
   }
 }
 
-unsigned grid_for(int64_t count) { return unsigned(std::min<int64_t>(ceil_div(count, 256), 8 * 1024)); }
-
 }  // namespace
 
 void moe_bf16_pack(uint16_t* gate_up, uint16_t* down, int64_t experts, int64_t hidden, int64_t width, Stream stream) {
@@ -150,12 +146,12 @@ void moe_bf16_pack(uint16_t* gate_up, uint16_t* down, int64_t experts, int64_t h
   for (int64_t e = 0; e < experts; ++e) {
     uint16_t* expert = gate_up + e * expert_values;
     ANVIL_CUDA_CHECK(cudaMemcpyAsync(scratch.get(), expert, size_t(expert_values) * 2, cudaMemcpyDeviceToDevice, s));
-    gate_up_layout_kernel<<<grid_for(expert_values / 8), 256, 0, s>>>(scratch.get<uint4>(),
+    gate_up_layout_kernel<<<grid_stride_blocks(expert_values / 8), 256, 0, s>>>(scratch.get<uint4>(),
                                                                        reinterpret_cast<uint4*>(expert), width, hidden / 8);
     ANVIL_CUDA_LAUNCHED();
   }
   const int64_t down_groups = experts * hidden * width / 8;
-  layout_in_place_kernel<<<grid_for(down_groups), 256, 0, s>>>(reinterpret_cast<uint4*>(down), down_groups);
+  layout_in_place_kernel<<<grid_stride_blocks(down_groups), 256, 0, s>>>(reinterpret_cast<uint4*>(down), down_groups);
   ANVIL_CUDA_LAUNCHED();
   // The scratch copy is freed on return; its last use must be done first.
   ANVIL_CUDA_CHECK(cudaStreamSynchronize(s));

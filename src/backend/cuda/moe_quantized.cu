@@ -403,8 +403,8 @@ void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream) {
   if (bytes % 4 != 0 || reinterpret_cast<uintptr_t>(codes) % 4 != 0)
     invalid("mxfp4_pack_codes: codes must be whole, 4-byte aligned 32-bit words");
   const int64_t count = int64_t(bytes / 4);
-  const unsigned blocks = unsigned(std::min<int64_t>(ceil_div(count, 256), 8 * 1024));
-  mxfp4_pack_codes_kernel<<<blocks, 256, 0, as_stream(stream)>>>(reinterpret_cast<uint32_t*>(codes), count);
+  mxfp4_pack_codes_kernel<<<grid_stride_blocks(count), 256, 0, as_stream(stream)>>>(reinterpret_cast<uint32_t*>(codes),
+                                                                                    count);
   ANVIL_CUDA_LAUNCHED();
 }
 
