@@ -399,8 +399,11 @@ TEST(CudaMoe, TopkTiesGoToTheLowerIndex) {
     for (int k : {1, 2, 4}) {
       const int64_t m = 97;
       std::vector<float> logits(size_t(m * experts));
-      // Three distinct values only: almost every pick is a tie.
-      for (auto& v : logits) v = float(rng.next() % 3);
+      // Three distinct values only: almost every pick is a tie; -0 ties with +0.
+      for (auto& v : logits) {
+        v = float(rng.next() % 3);
+        if (v == 0.0f && rng.next() % 2 == 0) v = -0.0f;
+      }
       auto d_logits = to_device(logits);
       cuda::DeviceBuffer d_ids(size_t(m * k) * 4), d_w(size_t(m * k) * 4);
       cuda::moe_topk_softmax(d_logits.get<float>(), m, experts, k, d_ids.get<int32_t>(), d_w.get<float>(), nullptr);
@@ -510,17 +513,26 @@ void check_both_paths(Scaling scaling, uint64_t seed, Gating gating = Gating::Gp
   }
 }
 
-// moe_quantized_from_logits (top-k inside the routing kernel up to 16 rows, its own kernel past
-// that) writes the ids and weights moe_topk_softmax writes, and gives the bits of moe_quantized
-// on them; ties between logits included.
+// moe_quantized_from_logits (at one row the decode kernels pick the experts themselves, up to 16
+// rows the routing kernel does, past that a kernel of its own) writes the ids and weights
+// moe_topk_softmax writes, and gives the bits of moe_quantized on them; ties between logits
+// included, every decode format, one to eight picks.
 TEST(CudaMoe, FromLogitsEqualsTopkThenExperts) {
   ANVIL_REQUIRE_GPU();
   Rng rng(73);
-  for (const Shape& shape : {Shape{32, 256, 384, 4}, Shape{128, 256, 256, 4}}) {
-    const Experts ex(shape, rng, Scaling::Mxfp4);
+  struct Case {
+    Shape shape;
+    Scaling scaling;
+  };
+  for (const Case& c : {Case{Shape{32, 256, 384, 4}, Scaling::Mxfp4}, Case{Shape{128, 256, 256, 4}, Scaling::Mxfp4},
+                        Case{Shape{16, 256, 256, 8}, Scaling::Nvfp4}, Case{Shape{8, 256, 128, 1}, Scaling::Fp8},
+                        Case{Shape{64, 256, 256, 6}, Scaling::Mxfp4Big}}) {
+    const Shape& shape = c.shape;
+    const Experts ex(shape, rng, c.scaling);
     const auto weights = ex.device();
     for (int64_t m : {1, 3, 16, 17, 64}) {
-      SCOPED_TRACE("E=" + std::to_string(shape.experts) + " m=" + std::to_string(m));
+      SCOPED_TRACE("E=" + std::to_string(shape.experts) + " k=" + std::to_string(shape.k) +
+                   " scaling=" + std::to_string(int(c.scaling)) + " m=" + std::to_string(m));
       std::vector<float> logits(size_t(m * shape.experts));
       for (auto& v : logits) v = std::round(8.0f * rng.uniform()) / 4.0f;  // coarse: many ties
       std::vector<uint16_t> h(size_t(m * shape.hidden));

@@ -20,6 +20,7 @@
 #include "backend/cuda/moe_decode.cuh"
 #include "backend/cuda/moe_gemm.cuh"
 #include "backend/cuda/moe_common.cuh"
+#include "backend/cuda/moe_picks.cuh"
 #include "backend/cuda/ops.h"
 
 namespace anvil::cuda {
@@ -32,63 +33,17 @@ using namespace moe;
 
 // ---- routing: top-k + softmax ----
 
-// One warp per row. Each lane holds the logits e = lane + 32 j; k rounds of a warp-wide arg-max
-// (greater value, or equal value and lower index) pick the experts in descending order, as
-// cpu::top_k_indices does; lane j keeps pick j for the softmax.
+// One warp per row (moe_picks.cuh).
 constexpr int kTopkWarps = 8;
 
-// One row's picks by the calling warp.
+// One row's picks by the calling warp, written to ids / weights.
 __device__ void topk_softmax_row(const float* __restrict__ logits, int64_t row, int num_experts, int k,
                                  int32_t* __restrict__ ids, float* __restrict__ weights) {
-  constexpr int kPerLane = kMaxExperts / 32;
-  constexpr int kNone = 0x7fffffff;
+  const WarpPick mine = pick_experts(logits + row * num_experts, num_experts, k);
   const int lane = threadIdx.x % 32;
-  const float* x = logits + row * num_experts;
-  float values[kPerLane];
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int e = lane + 32 * j;
-    values[j] = e < num_experts ? x[e] : 0.0f;
-  }
-  uint32_t taken = 0;
-  float mine_value = 0.0f;
-  int mine_index = 0;
-  for (int pick = 0; pick < k; ++pick) {
-    float best = 0.0f;
-    int best_index = kNone;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int e = lane + 32 * j;
-      if (e >= num_experts || ((taken >> j) & 1u)) continue;
-      // Indices only grow along j, so "equal and lower index" never replaces here.
-      if (best_index == kNone || values[j] > best) {
-        best = values[j];
-        best_index = e;
-      }
-    }
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
-      if (other_index != kNone &&
-          (best_index == kNone || other > best || (other == best && other_index < best_index))) {
-        best = other;
-        best_index = other_index;
-      }
-    }
-    if (best_index != kNone && best_index % 32 == lane) taken |= 1u << (best_index / 32);
-    if (lane == pick) {
-      mine_value = best;
-      mine_index = best_index;
-    }
-  }
-  // Softmax over the k picks; pick 0 is the largest.
-  const float top = __shfl_sync(0xffffffffu, mine_value, 0);
-  const float e = lane < k ? expf(mine_value - top) : 0.0f;
-  float sum = e;
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (lane < k) {
-    ids[row * k + lane] = mine_index;
-    weights[row * k + lane] = e / sum;
+    ids[row * k + lane] = mine.expert;
+    weights[row * k + lane] = mine.weight;
   }
 }
 
@@ -215,6 +170,50 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     __syncwarp();
     if (e >= 0 && lane == __ffs(peers) - 1) cursor[warp][e] += __popc(peers);
     __syncwarp();
+  }
+}
+
+// One row from its logits (a batch-1 decode step), by one warp: its k picks are distinct experts,
+// so the tables are direct (active index y = the pick with the y-th smallest id, one slot each)
+// and need no counting, scan or barrier; the same tables moe_route_kernel writes for that row.
+// Measured on an H200 (gpt-oss-20b, batch 1): 2.2 us of the chain per layer against 3.7 for
+// moe_route_kernel<8> (docs/perf/logs/h200/routing-one-row/). The expert kernels still read
+// tables: making the picks in every gate_up / down warp instead, with no routing kernel, was
+// slower (same folder).
+__global__ void __launch_bounds__(32)
+    moe_route_one_row_kernel(const float* __restrict__ logits, int num_experts, int k, Routing r,
+                             int32_t* __restrict__ ids, float* __restrict__ route_weights) {
+  wait_for_predecessor();
+  release_dependents();
+  constexpr int kPerLane = kMaxExperts / 32 + 1;  // offsets has num_experts + 1 entries
+  const int lane = threadIdx.x;
+  const WarpPick mine = pick_experts(logits, num_experts, k);
+  int rank = 0;                  // of this lane's pick among the picks, by expert id
+  int before[kPerLane] = {};     // picks with an id below expert lane + 32 j
+  for (int q = 0; q < k; ++q) {
+    const int id = __shfl_sync(0xffffffffu, mine.expert, q);
+    rank += id < mine.expert ? 1 : 0;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) before[j] += id < lane + 32 * j ? 1 : 0;
+  }
+  if (lane < k) {
+    ids[lane] = mine.expert;
+    route_weights[lane] = mine.weight;
+    r.active[rank] = mine.expert;
+    r.active_range[2 * rank] = rank;
+    r.active_range[2 * rank + 1] = 1;
+    r.sorted_slot[rank] = lane;
+  }
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    if (e <= num_experts) r.offsets[e] = before[j];
+    if (e >= k && e < num_experts) r.active[e] = -1;
+  }
+  if (lane == 0) {
+    r.header[kTotalSlots] = k;
+    r.header[kNumTiles] = 0;
+    r.header[kNumActive] = k;
   }
 }
 
@@ -473,14 +472,19 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   const int tile_rows = !use_gemm ? 0 : slots >= 64 * E ? 128 : 64;
 
   const bool topk_here = router_logits != nullptr && m <= kTopkInRouteRows;
-  if (router_logits != nullptr && !topk_here) moe_topk_softmax(router_logits, m, E, k, ids, route_weights, stream);
-  const float* logits = topk_here ? router_logits : nullptr;
-  float* picked_weights = topk_here ? route_weights : nullptr;
-  if (slots <= 4096)
-    launch_chained(moe_route_kernel<8>, 1, 8 * 32, 0, s, ids, int(slots), int(E), tile_rows, r, logits, k, picked_weights);
-  else
-    launch_chained(moe_route_kernel<32>, 1, 32 * 32, 0, s, ids, int(slots), int(E), tile_rows, r, logits, k,
-                   picked_weights);
+  if (router_logits != nullptr && m == 1 && !use_gemm) {
+    launch_chained(moe_route_one_row_kernel, 1, 32, 0, s, router_logits, int(E), k, r, ids, route_weights);
+  } else {
+    if (router_logits != nullptr && !topk_here) moe_topk_softmax(router_logits, m, E, k, ids, route_weights, stream);
+    const float* logits = topk_here ? router_logits : nullptr;
+    float* picked_weights = topk_here ? route_weights : nullptr;
+    if (slots <= 4096)
+      launch_chained(moe_route_kernel<8>, 1, 8 * 32, 0, s, ids, int(slots), int(E), tile_rows, r, logits, k,
+                     picked_weights);
+    else
+      launch_chained(moe_route_kernel<32>, 1, 32 * 32, 0, s, ids, int(slots), int(E), tile_rows, r, logits, k,
+                     picked_weights);
+  }
   ANVIL_CUDA_LAUNCHED();
 
   ExpertProduct gate_up;

@@ -1,0 +1,74 @@
+#pragma once
+// A row's expert picks, made by one warp: the top k of the router logits (greater value first,
+// equal values by lower index, as cpu::top_k_indices) and a softmax over the k picked logits.
+// Shared by every routing kernel, so all of them pick and weigh alike.
+#include <cstdint>
+
+#include "backend/cuda/moe_common.cuh"
+
+namespace anvil::cuda::moe {
+
+// A float as an unsigned key in the same order, so that a warp's arg-max is two redux.sync
+// (max key, then the lowest index holding it) rather than five dependent rounds of shuffles: in
+// a batch-1 decode step the routing is on the critical path (~1.9 us for the shuffle version on
+// an H200, docs/perf/logs/h200/routing-one-row/). -0 and +0 tie, as they compare equal. NaN is
+// the smallest key (it never wins over a number); decoding key 0 gives a NaN back.
+__device__ __forceinline__ uint32_t order_key(float value) {
+  if (value != value) return 0u;
+  const uint32_t bits = value == 0.0f ? 0u : __float_as_uint(value);
+  return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+}
+__device__ __forceinline__ float from_order_key(uint32_t key) {
+  return __uint_as_float(key & 0x80000000u ? key & 0x7FFFFFFFu : ~key);
+}
+
+// Lane p < k holds pick p (picks in descending order) and its softmax weight.
+struct WarpPick {
+  int expert;
+  float weight;
+};
+
+// Each lane holds the logits e = lane + 32 j. Logits are read through L2 (ld.cg): the caller may
+// run on an SM whose L1 holds an earlier layer's.
+__device__ __forceinline__ WarpPick pick_experts(const float* __restrict__ row_logits, int num_experts, int k) {
+  constexpr int kPerLane = kMaxExperts / 32;
+  const int lane = threadIdx.x % 32;
+  uint32_t keys[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    keys[j] = e < num_experts ? order_key(__ldcg(row_logits + e)) : 0u;
+  }
+  uint32_t taken = 0;  // bit j: this lane's expert lane + 32 j is picked (or does not exist)
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j >= num_experts) taken |= 1u << j;
+  uint32_t mine_key = 0, top_key = 0;
+  int mine = 0;
+  for (int pick = 0; pick < k; ++pick) {
+    // This lane's best remaining logit; along j indices grow, so the first of equal keys stays.
+    uint32_t best = 0;
+    int best_j = -1;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j)
+      if (!((taken >> j) & 1u) && (best_j < 0 || keys[j] > best)) {
+        best = keys[j];
+        best_j = j;
+      }
+    const uint32_t top = __reduce_max_sync(0xffffffffu, best_j >= 0 ? best : 0u);
+    const int index = __reduce_min_sync(0xffffffffu, best_j >= 0 && best == top ? lane + 32 * best_j : INT32_MAX);
+    if (index != INT32_MAX && index % 32 == lane) taken |= 1u << (index / 32);
+    if (pick == 0) top_key = top;
+    if (lane == pick) {
+      mine_key = top;
+      mine = index;
+    }
+  }
+  // Softmax over the picks (pick 0 is the largest), summed in pick order.
+  const float e = lane < k ? expf(from_order_key(mine_key) - from_order_key(top_key)) : 0.0f;
+  float sum = 0.0f;
+  for (int q = 0; q < k; ++q) sum += __shfl_sync(0xffffffffu, e, q);
+  return {mine, e / sum};
+}
+
+}  // namespace anvil::cuda::moe
