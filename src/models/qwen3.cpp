@@ -38,8 +38,8 @@ struct Qwen3CudaLayer {
   const uint16_t* router = nullptr;
   cuda::MoeBf16Weights experts;
   // --quantize-experts: the experts in MXFP4, NVFP4 or FP8 on the quantized-MoE kernels instead.
-  // Without it quantized_experts describes the bf16 experts for the grouped GEMM, which takes
-  // the steps with many tokens per expert (moe_quantized_takes_gemm).
+  // Without it quantized_experts describes the bf16 experts as shipped for the same kernels
+  // (bf16 mode); `experts` is their float32 path (--dtype float32).
   bool quantized = false;
   cuda::QuantizedExperts quantized_experts;
 };
@@ -330,11 +330,10 @@ class Qwen3 : public Model {
       }
       run.marks.record("attention block");
 
-      // bf16 experts take the grouped GEMM where it runs (long prompts), the CUDA-core kernels
-      // (float32) elsewhere.
-      const bool tensor_core_moe =
-          layer.moe && !exact &&
-          (layer.quantized || cuda::moe_quantized_takes_gemm(rows, int(top_k), experts, hidden, moe_width));
+      // In bf16 mode every MoE layer, bf16 experts as shipped included, takes moe_quantized's
+      // tensor-core kernels (the grouped GEMM for long prompts, the decode kernels otherwise);
+      // the float32 mode keeps the CUDA-core kernels in float32.
+      const bool tensor_core_moe = layer.moe && !exact;
       if (layer.moe && !tensor_core_moe) {
         // Routing from the float32 norm output (a discrete choice), experts in float32.
         cuda::rms_norm_f32(x, rows, hidden, layer.post_attention_norm, eps, h_f32, stream);

@@ -526,7 +526,7 @@ TEST(CudaMoe, FromLogitsEqualsTopkThenExperts) {
   };
   for (const Case& c : {Case{Shape{32, 256, 384, 4}, Scaling::Mxfp4}, Case{Shape{128, 256, 256, 4}, Scaling::Mxfp4},
                         Case{Shape{16, 256, 256, 8}, Scaling::Nvfp4}, Case{Shape{8, 256, 128, 1}, Scaling::Fp8},
-                        Case{Shape{64, 256, 256, 6}, Scaling::Mxfp4Big}}) {
+                        Case{Shape{64, 256, 256, 6}, Scaling::Mxfp4Big}, Case{Shape{16, 256, 384, 4}, Scaling::Bf16}}) {
     const Shape& shape = c.shape;
     const Experts ex(shape, rng, c.scaling);
     const auto weights = ex.device();
@@ -768,30 +768,22 @@ TEST(CudaMoe, QwenGatingWithoutBiasesBothPaths) {
   check_both_paths(Scaling::Fp8, 67, Gating::Qwen);
 }
 
-// Qwen3-MoE's bf16 experts as shipped: the grouped GEMM (steps with 16+ tokens per expert on
-// average) against the CPU, at both tile sizes and with uneven routing; below that size
-// moe_quantized refuses them (moe_bf16 takes those steps).
-TEST(CudaMoeBf16, GroupedGemmMatchesTheCpu) {
+// Qwen3-MoE's bf16 experts as shipped through both tensor-core paths against the CPU: the decode
+// kernels (few tokens per expert) and the grouped GEMM (16+ on average, moe_quantized_takes_gemm),
+// at both tile sizes, with uneven routing and at Qwen3-30B-A3B's expert sizes.
+TEST(CudaMoeBf16, DecodeAndGroupedGemmMatchTheCpu) {
   ANVIL_REQUIRE_GPU();
   Rng rng(71);
   const Experts ex({8, 256, 384, 2}, rng, Scaling::Bf16, Gating::Qwen);
   EXPECT_FALSE(cuda::moe_quantized_takes_gemm(63, 2, 8, 256, 384));
+  for (int64_t m : {1, 3, 8, 17, 63}) run_moe(ex, m, route_on_gpu(m, ex.shape, rng), rng);
   for (int64_t m : {64, 300, 2048}) {
     ASSERT_TRUE(cuda::moe_quantized_takes_gemm(m, 2, 8, 256, 384));
     run_moe(ex, m, route_on_gpu(m, ex.shape, rng), rng);
   }
   const Experts wide({16, 2048, 768, 8}, rng, Scaling::Bf16, Gating::Qwen);  // Qwen3-30B-A3B's sizes, fewer experts
+  for (int64_t m : {1, 8}) run_moe(wide, m, route_on_gpu(m, wide.shape, rng), rng);
   run_moe(wide, 128, route_on_gpu(128, wide.shape, rng), rng, {0, 6});
-  const int64_t m = 8;
-  std::vector<uint16_t> h(size_t(m * 256), f32_to_bf16(0.5f));
-  std::vector<int32_t> ids(size_t(m * 2), 0);
-  std::vector<float> weights(size_t(m * 2), 0.5f), residual(size_t(m * 256), 0.0f);
-  auto d_h = to_device(h), d_ids = to_device(ids), d_w = to_device(weights), d_res = to_device(residual);
-  const size_t ws_bytes = cuda::moe_quantized_workspace_bytes(m, 2, 8, 256, 384);
-  cuda::DeviceBuffer workspace(ws_bytes);
-  EXPECT_THROW(cuda::moe_quantized(ex.device(), d_h.get<uint16_t>(), m, 2, d_ids.get<int32_t>(), d_w.get<float>(),
-                                   d_res.get<float>(), workspace.get(), ws_bytes, nullptr),
-               std::exception);
 }
 
 // moe_bf16_pack lays out experts as loaded (gate rows, then up rows) into the interleaved rows and

@@ -50,7 +50,9 @@ constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 4 * ANVIL_DECODE_MINB1;
 // leaves each warp up to 168 registers (no spills).
 // kKind: MXFP4 (one E8M0 scale per 32-code lane block); NVFP4 (two E4M3 bytes per lane block, one
 // per word pair, and the row's global scale on the sum); FP8 (E4M3 codes, 16 per lane block,
-// so a chunk covers 64 k instead of 128, and a row scale on the sum).
+// so a chunk covers 64 k instead of 128, and a row scale on the sum); Bf16 (Qwen3-MoE as shipped,
+// bf16_layout.h: a lane block is 8 values whose words are already the (i, i + 4) pairs the mma
+// takes, so a chunk covers 32 k and nothing is decoded or scaled).
 template <int kTokenTiles, int kSplitK, bool kGateUp, Kind kKind>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVIL_DECODE_MINB1)
     moe_decode_kernel(ExpertProduct p, Routing r) {
@@ -65,10 +67,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     release_dependents();
   }
   static_assert(kDecodeWarps % kSplitK == 0, "k split within a block");
-  constexpr bool kNv = kKind == Kind::Nvfp4, kFp8 = kKind == Kind::Fp8;
-  // Per chunk a lane reads 16 bytes of each of its two rows: 32 FP4 codes or 16 FP8 codes, and the
-  // matching activations as kXLoads 16-byte loads.
-  constexpr int kChunkK = kFp8 ? 64 : 128, kXLoads = kChunkK / 32;
+  constexpr bool kNv = kKind == Kind::Nvfp4, kFp8 = kKind == Kind::Fp8, kBf16 = kKind == Kind::Bf16;
+  constexpr bool kScaled = !kFp8 && !kBf16;  // block scales (MXFP4, NVFP4)
+  // Per chunk a lane reads 16 bytes of each of its two rows: 32 FP4 codes, 16 FP8 codes or 8 bf16
+  // values, and the matching activations as kXLoads 16-byte loads.
+  constexpr int kChunkK = kFp8 ? 64 : kBf16 ? 32 : 128, kXLoads = kChunkK / 32;
   using namespace gemm;
   using namespace mxfp4;
   auto routing = [](const int32_t* at) { return kGateUp ? *at : __ldcg(at); };
@@ -82,8 +85,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kpart = warp % kSplitK;
   const int row0 = (blockIdx.x * (kDecodeWarps / kSplitK) + warp / kSplitK) * 16;
-  const int row_bytes = kFp8 ? p.k : p.k / 2, lane_blocks = row_bytes / 16;
-  const int scale_cols = kFp8 ? 0 : kNv ? p.k / 16 : p.k / 32;
+  const int row_bytes = kFp8 ? p.k : kBf16 ? 2 * p.k : p.k / 2, lane_blocks = row_bytes / 16;
+  const int scale_cols = !kScaled ? 0 : kNv ? p.k / 16 : p.k / 32;
   const int chunks = (lane_blocks + 3) / 4;
   const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
   // Rows past N read row N-1 (never stored), so the loop needs no row test.
@@ -92,7 +95,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   const uint8_t* wa = p.blocks + base_a * row_bytes + t * 16;
   const uint8_t* wb = p.blocks + base_b * row_bytes + t * 16;
   // This warp's scales for all of k: 16 rows x scale_cols bytes in dynamic shared memory (the
-  // launcher sizes it kDecodeWarps * 16 * scale_cols; FP8 has none). Read from global memory once
+  // launcher sizes it kDecodeWarps * 16 * scale_cols; FP8 and bf16 have none). Read from global memory once
   // per block, before the first chunk, instead of one DRAM byte load per chunk with one chunk of
   // lookahead. (Measured on an H200 this alone did not change batch 1; the loop is limited
   // elsewhere, see the commit log.)
@@ -127,7 +130,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   auto load_scales = [&](int i) {
     const int c = kpart + i * kSplitK;
     const bool ok = chunk_ok(i);  // past the end: another warp's bytes or none; never indexed
-    if constexpr (kFp8)
+    if constexpr (!kScaled)
       return Scales{0u, 0u};
     else if constexpr (kNv)  // 2-byte aligned: scale_cols is even
       return Scales{ok ? uint32_t(*reinterpret_cast<const uint16_t*>(sa + c * 8)) : 0u,
@@ -153,7 +156,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   // (8(q/2) + 2(q%2) + {0, 1}, that + 4), as FP4 step q does.
   auto multiply = [&](const uint4& wa4, const uint4& wb4, Scales sc, const uint4 (&xs)[kTokenTiles][kXLoads],
                       auto big_tag) {
-    if constexpr (kFp8) {
+    if constexpr (kBf16) {
+      // Words 0-1 are one mma step, words 2-3 the next, as an FP4 word's decoded pairs are.
+      const uint32_t pa[4] = {wa4.x, wa4.y, wa4.z, wa4.w}, pb[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
+#pragma unroll
+      for (int n = 0; n < kTokenTiles; ++n)
+#pragma unroll
+        for (int odd = 0; odd < 2; ++odd) {
+          uint32_t b0, b1;
+          activation_pairs(xs[n][0], odd, b0, b1);
+          mma_bf16_16816(acc[odd][n], pa[2 * odd], pb[2 * odd], pa[2 * odd + 1], pb[2 * odd + 1], b0, b1);
+        }
+    } else if constexpr (kFp8) {
       const uint32_t words_a[4] = {wa4.x, wa4.y, wa4.z, wa4.w};
       const uint32_t words_b[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
 #pragma unroll
@@ -282,7 +296,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   // The first pass's weights start streaming before the scales are staged; the first pass's token
   // rows above are already on their way.
   for (int j = 0; j < kDecodeStages - 1; ++j) issue_weights(j);
-  if constexpr (!kFp8) stage_scales();
+  if constexpr (kScaled) stage_scales();
   if constexpr (!kGateUp) {
     wait_for_predecessor();
     release_dependents();

@@ -338,8 +338,9 @@ void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bo
   constexpr auto kernel = moe_decode_kernel<kTokenTiles, kSplitK, kGateUp, kKind>;
   // The per-warp scale tables (16 rows x K/32 or K/16 bytes each); past the default 48 KB together
   // with the static ring (K above ~6-12k) they need the opt-in.
-  const size_t smem =
-      kKind == Kind::Fp8 ? 0 : size_t(kDecodeWarps) * 16 * size_t(p.k / (kKind == Kind::Nvfp4 ? 16 : 32));
+  const size_t smem = kKind == Kind::Fp8 || kKind == Kind::Bf16
+                           ? 0
+                           : size_t(kDecodeWarps) * 16 * size_t(p.k / (kKind == Kind::Nvfp4 ? 16 : 32));
   constexpr size_t kStatic = size_t(kDecodeWarps) * kDecodeStages * 2 * 32 * 16 +
                             size_t(kSplitK > 1 ? kDecodeWarps : 1) * kTokenTiles * 32 * 16;
   if (smem + kStatic > 48 * 1024) {
@@ -467,8 +468,6 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
 
   const int64_t slots = m * k;
   const bool use_gemm = moe_quantized_takes_gemm(m, k, E, H, I);
-  if (w.format == ExpertFormat::BF16 && !use_gemm)
-    invalid("moe_quantized: bf16 experts take the grouped GEMM only (moe_quantized_takes_gemm; moe_bf16 below it)");
   const int tile_rows = !use_gemm ? 0 : slots >= 64 * E ? 128 : 64;
 
   const bool topk_here = router_logits != nullptr && m <= kTopkInRouteRows;
@@ -525,7 +524,7 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
         launch_gemm<64, true, kKind>(gate_up, r, max_tiles, s);
         launch_gemm<64, false, kKind>(down, r, max_tiles, s);
       }
-    } else if constexpr (kKind != Kind::Bf16) {
+    } else {
       gate_up.a = h;
       const int active_bound = int(std::min(E, slots));
       launch_decode_tokens<true, kKind>(m, E, gate_up, r, active_bound, s);

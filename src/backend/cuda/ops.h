@@ -85,8 +85,9 @@ void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream);
 //         of the row's checkpoint matrix: W = e2m1 · e4m3(scale) · row_scale[e, n]. Scales must not
 //         be NaN (0x7f / 0xff); the quantizers never make one.
 //  FP8:   E4M3 codes [E, N, K] with one float32 scale per row: W = e4m3 · row_scale[e, n].
-//  BF16:  bf16 [E, N, K] (Qwen3-MoE as shipped), no scales; only the grouped GEMM takes them
-//         (moe_quantized_takes_gemm must hold; moe_bf16 runs the smaller steps on the same bytes).
+//  BF16:  bf16 [E, N, K] (Qwen3-MoE as shipped), no scales, no bias; the grouped GEMM and the
+//         decode kernels take them with bf16 activations (moe_bf16 is the float32 path on the same
+//         bytes, for --dtype float32).
 // E2M1 codes are in the device layout of mxfp4_pack_codes, E4M3 codes in fp8_layout.h's expert
 // layout (expert_position) and bf16 in bf16_layout.h's, which gives every format the same k order
 // in the kernels.
@@ -214,9 +215,8 @@ void moe_softmax_topk(const float* logits, int64_t m, int64_t num_experts, int k
                       float* weights, Stream stream);
 
 // residual[r] += Σ_j weights[r, j] · down_e(silu(gate_e · h[r]) ⊙ (up_e · h[r])), e = ids[r, j];
-// h float32 [m, H]. One warp per output value on CUDA cores, float32 throughout: exact enough for
-// the fixtures, and bandwidth-bound at decode; it re-reads each expert per token, so long prompts
-// take moe_quantized with ExpertFormat::BF16 (moe_quantized_takes_gemm) on the same weights.
+// h float32 [m, H]. One warp per output value on CUDA cores, float32 throughout: the float32 compute
+// mode's path (bf16 mode takes moe_quantized with ExpertFormat::BF16 on the same weights).
 size_t moe_bf16_workspace_bytes(int64_t max_rows, int k, int64_t intermediate);
 void moe_bf16(const MoeBf16Weights& weights, const float* h, int64_t m, int k, const int32_t* ids,
               const float* route_weights, float* residual, void* workspace, size_t workspace_bytes, Stream stream);
