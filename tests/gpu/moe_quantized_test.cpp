@@ -44,7 +44,7 @@ enum class Scaling {
   Mxfp4Big,  // the same with some blocks above 128 (the second-multiply path)
   Nvfp4,     // E4M3 per 16 codes (subnormal and zero ones included) and a global scale per expert
   Fp8,       // E4M3 codes (subnormal ones included) and a scale per row
-  Bf16,      // bf16 weights as Qwen3-MoE ships them (the grouped GEMM only)
+  Bf16,      // bf16 weights as Qwen3-MoE ships them (no scales)
 };
 
 // The gate_up activation and biases: gpt-oss's clamped SwiGLU with biases, or Qwen3-MoE's
