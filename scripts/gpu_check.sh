@@ -8,7 +8,7 @@
 #                                                 elsewhere; dir/lib holds their shared libraries)
 # ANVIL_FIXTURES_DIR points at a copy of shared/fixtures (../shared/fixtures by default).
 # ANVIL_BENCH_MODELS lists the configs to benchmark (default: gpt-oss-20b gpt-oss-120b);
-# ANVIL_SKIP_QWEN=1 leaves out the Qwen3-30B-A3B runs with quantized experts.
+# ANVIL_SKIP_QWEN=1 leaves out the Qwen3-30B-A3B runs (bf16 experts as shipped, and quantized).
 # ANVIL_BASE=path/to/an/earlier/anvil adds an A/B: per model, that binary and this one alternate
 # twice at batches 1 and 64, so a change is judged against its base under the same clocks and
 # in the same lease (runs differ by a few percent from lease to lease). scripts/gpu_carry.sh
@@ -58,9 +58,10 @@ for model in $MODELS; do bench "$model-fp8" "$model" --quantize-dense fp8 --batc
 for model in $MODELS; do
   for format in nvfp4 fp8; do bench "$model-x$format" "$model" --quantize-experts $format --batches 1,64; done
 done
-# Qwen3-30B-A3B with its bf16 experts quantized at load (they then run on the same MoE kernels;
-# its bf16 experts take CUDA-core kernels that would need minutes for the 2048-token prefill).
+# Qwen3-30B-A3B with its bf16 experts as shipped and quantized at load: all on the same MoE
+# kernels as gpt-oss's (bf16, MXFP4, NVFP4 and FP8 kinds).
 if [ -z "${ANVIL_SKIP_QWEN:-}" ]; then
+  bench "qwen3-30b-a3b-bf16" Qwen3-30B-A3B --batches 1,8,64
   for format in mxfp4 nvfp4 fp8; do
     bench "qwen3-30b-a3b-x$format" Qwen3-30B-A3B --quantize-experts $format --batches 1,64
   done
