@@ -5,22 +5,9 @@
 #include <cstdint>
 
 #include "backend/cuda/moe_common.cuh"
+#include "backend/cuda/order_key.h"
 
 namespace anvil::cuda::moe {
-
-// A float as an unsigned key in the same order, so that a warp's arg-max is two redux.sync
-// (max key, then the lowest index holding it) rather than five dependent rounds of shuffles: in
-// a batch-1 decode step the routing is on the critical path (~1.9 us for the shuffle version on
-// an H200, docs/perf/logs/h200/routing-one-row/). -0 and +0 tie, as they compare equal. NaN is
-// the smallest key (it never wins over a number); decoding key 0 gives a NaN back.
-__device__ __forceinline__ uint32_t order_key(float value) {
-  if (value != value) return 0u;
-  const uint32_t bits = value == 0.0f ? 0u : __float_as_uint(value);
-  return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
-}
-__device__ __forceinline__ float from_order_key(uint32_t key) {
-  return __uint_as_float(key & 0x80000000u ? key & 0x7FFFFFFFu : ~key);
-}
 
 // Lane p < k holds pick p (picks in descending order) and its softmax weight.
 struct WarpPick {
@@ -28,8 +15,11 @@ struct WarpPick {
   float weight;
 };
 
-// Each lane holds the logits e = lane + 32 j. Logits are read through L2 (ld.cg): the caller may
-// run on an SM whose L1 holds an earlier layer's.
+// Each lane holds the logits e = lane + 32 j, as order_key's keys, so that each pick is two
+// redux.sync rather than five dependent rounds of shuffles: in a batch-1 decode step the routing
+// is on the critical path (~1.9 us for the shuffle version on an H200,
+// docs/perf/logs/h200/routing-one-row/). Logits are read through L2 (ld.cg): the caller may run
+// on an SM whose L1 holds an earlier layer's.
 __device__ __forceinline__ WarpPick pick_experts(const float* __restrict__ row_logits, int num_experts, int k) {
   constexpr int kPerLane = kMaxExperts / 32;
   const int lane = threadIdx.x % 32;
