@@ -205,8 +205,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
         uint32_t pa[4], pb[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          pa[i] = decode_pair<kBig>(words_a[w], i, mul_a[w / 2], high_a);
-          pb[i] = decode_pair<kBig>(words_b[w], i, mul_b[w / 2], high_b);
+          pa[i] = decode_pair<kBig, kTokenTiles == 1>(words_a[w], i, mul_a[w / 2], high_a);
+          pb[i] = decode_pair<kBig, kTokenTiles == 1>(words_b[w], i, mul_b[w / 2], high_b);
         }
 #pragma unroll
         for (int n = 0; n < kTokenTiles; ++n)

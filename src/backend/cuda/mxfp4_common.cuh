@@ -28,11 +28,24 @@ __device__ __forceinline__ uint32_t rotate_left(uint32_t word, int bits) {
 // Where both rotations agree, one rotation and one mask are written out: the compiler does not merge
 // (x & a) | (x & b) into x & (a | b) itself (it emitted two LOP3 for pair 1 in the SASS of commit
 // 7981807), and the layout was chosen for that op count.
+// A rotation whose masked bits do not wrap around is a plain left shift, which ptxas issues as
+// IMAD.SHL on the FMA-heavy pipe instead of a funnel shift on the integer (ALU) pipe; both run
+// 16 lanes per SM quarter on SM90. With kPlainShifts four of a word's five rotations move over:
+// the batch-1 decode kernel, whose ALU pipe was the busiest, gains 7 % (H200, probe harness) and
+// gpt-oss batch 1 +2.6 to +4.0 %, but the two-token-tile decode kernel lost 2 % at batch 64 with it,
+// so only the one-token-tile kernel takes it. The bits are the same either way.
+template <bool kPlainShifts>
+__device__ __forceinline__ uint32_t shift_for_mask(uint32_t word, int bits, uint32_t mask) {
+  return kPlainShifts && !rotation_wraps(bits, mask) ? word << bits : rotate_left(word, bits);
+}
+
+template <bool kPlainShifts = false>
 __device__ __forceinline__ uint32_t fp4_pair_raw(uint32_t word, int pair) {
   if (magnitude_rotation(pair) == sign_rotation(pair))
-    return rotate_left(word, magnitude_rotation(pair)) & (kPairMagnitudeBits | kPairSignBits);
-  return (rotate_left(word, magnitude_rotation(pair)) & kPairMagnitudeBits) |
-         (rotate_left(word, sign_rotation(pair)) & kPairSignBits);
+    return shift_for_mask<kPlainShifts>(word, magnitude_rotation(pair), kPairMagnitudeBits | kPairSignBits) &
+           (kPairMagnitudeBits | kPairSignBits);
+  return (shift_for_mask<kPlainShifts>(word, magnitude_rotation(pair), kPairMagnitudeBits) & kPairMagnitudeBits) |
+         (shift_for_mask<kPlainShifts>(word, sign_rotation(pair), kPairSignBits) & kPairSignBits);
 }
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
@@ -67,9 +80,9 @@ __device__ __forceinline__ uint32_t nvfp4_multiplier(uint32_t s) {
 
 // Pair `pair` of `word` decoded and scaled. kBig (warp-uniform, see scale_multiplier) applies the
 // second factor.
-template <bool kBig>
+template <bool kBig, bool kPlainShifts = false>
 __device__ __forceinline__ uint32_t decode_pair(uint32_t word, int pair, uint32_t multiplier, uint32_t multiplier_high) {
-  const uint32_t v = bf16x2_mul(fp4_pair_raw(word, pair), multiplier);
+  const uint32_t v = bf16x2_mul(fp4_pair_raw<kPlainShifts>(word, pair), multiplier);
   return kBig ? bf16x2_mul(v, multiplier_high) : v;
 }
 

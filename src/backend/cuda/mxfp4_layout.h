@@ -22,6 +22,12 @@ constexpr uint32_t kPairSignBits = 0x80008000u;       // bits 15 and 31
 ANVIL_HOST_DEVICE constexpr int magnitude_rotation(int pair) { return pair == 0 ? 6 : pair == 1 ? 3 : pair == 2 ? 0 : 13; }
 ANVIL_HOST_DEVICE constexpr int sign_rotation(int pair) { return pair == 0 ? 2 : pair == 1 ? 3 : pair == 2 ? 0 : 1; }
 
+// Whether a left rotation by `bits` brings any bit of `mask` around from the top of the word; if
+// not, a plain left shift keeps the same masked bits (mxfp4_common.cuh, shift_for_mask).
+ANVIL_HOST_DEVICE constexpr bool rotation_wraps(int bits, uint32_t mask) {
+  return bits != 0 && (mask & ((1u << bits) - 1u)) != 0;
+}
+
 // Where bit `bit` (0-31) of a checkpoint word is stored in the device word.
 ANVIL_HOST_DEVICE constexpr int packed_position(int bit) {
   const int code = bit / 4, within = bit % 4, pair = code % 4, half = code / 4;
