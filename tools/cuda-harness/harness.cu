@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/ops.h"
+#include "host_values.h"
 // The dense kernels are included (not linked) so tune mode can launch their variants.
 #include "../../src/backend/cuda/linear_dense.cu"
 
@@ -47,31 +48,6 @@ static void check(bool ok, const std::string& what) {
   }
 }
 
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t s) : state(s) {}
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(1 << 23); }
-};
-
-static float bf(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-static uint16_t tobf(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
-  b += 0x7fffu + ((b >> 16) & 1u);
-  return uint16_t(b >> 16);
-}
-static const float kFp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
 
 static void parallel_for(int64_t n, const std::function<void(int64_t)>& f) {
   const int threads = std::max(1u, std::thread::hardware_concurrency());

@@ -1,0 +1,518 @@
+// Probe (not part of the build): the batch-1 MoE expert products in isolation, every launch
+// reading weights that are not in L2 (48 experts cycled in sets of four, ~400 MB; CUDA graphs of
+// 120 launches), on a GPU machine without the project's host dependencies. Modes:
+//   moe_probe [both|gate_up|down]  the present moe_decode_kernel at gpt-oss's shapes (m = 1)
+//   moe_probe both fp8             also the FP8 tensor-core form below, with a double reference
+//   moe_probe old                  the present gate_up kernel alone, for ncu
+//   moe_probe copy                 the weight ring alone (cp.async, no arithmetic): 64-byte row
+//                                  pieces as stored against 1 KB pieces
+// The FP8 form (session 15): a weight word decodes to two e5m2 registers in 5 ALU ops (a layout
+// made for it at load), the activation is two e4m3 terms (hi + lo, exact for bf16 within 2^-10
+// of the token's largest magnitude) in the mma's columns, and each 32-value block's scale
+// multiplies the mma's result. On SM90 mma.sync has no FP8 form: ptxas emulates it with F2FP
+// conversions and two HMMA.16816 each, and the kernel ran at 34 us against 20 us (SM89 and SM120
+// have FP8 mma.sync natively). Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a
+//   --expt-relaxed-constexpr -Isrc tools/cuda-harness/moe_probe.cu -o moe_probe
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cuda/moe_decode.cuh"
+#include "host_values.h"
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s failed: %s at %d\n", #x, cudaGetErrorString(e_), __LINE__); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace probe {
+using namespace anvil::cuda::gemm;
+constexpr int kWarps = 4;
+
+__device__ __forceinline__ uint32_t rotl(uint32_t w, int r) { return __funnelshift_l(w, w, r); }
+
+// Word -> (a_lo, a_hi): e5m2 bytes of code * 2^-14 for k = 4t + j and k = 16 + 4t + j.
+__device__ __forceinline__ void decode_word(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  lo = rotl(w, 1) & 0x8E8E8E8Eu;
+  hi = (rotl(w, 6) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+}
+
+__device__ __forceinline__ void mma_fp8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ uint16_t e4m3x2(float a, float b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float2 from_e4m3x2(uint16_t v) {
+  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(v, __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&raw));
+}
+
+template <int kSplitK, int kStages, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+    fp8_m1(const uint8_t* blocks, const uint8_t* scales, int n, int k, const int* experts, const uint16_t* x,
+           float* out) {
+  const int expert = experts[blockIdx.y];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int kpart = warp % kSplitK;
+  const int row0 = (blockIdx.x * (kWarps / kSplitK) + warp / kSplitK) * 16;
+  const int row_bytes = k / 2, nblk = k / 32, chunks = (nblk + 3) / 4, tail = nblk - 4 * (chunks - 1);
+  const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
+  const int row_a = min(row0 + g, n - 1), row_b = min(row0 + g + 8, n - 1);
+  const uint8_t* wa = blocks + (int64_t(expert) * n + row_a) * row_bytes;
+  const uint8_t* wb = blocks + (int64_t(expert) * n + row_b) * row_bytes;
+  __shared__ uint4 ring[kWarps][kStages][2][32];
+  __shared__ uint32_t reduce_s[kWarps];
+  __shared__ float4 partial[kWarps][32];
+  extern __shared__ __align__(16) uint8_t dyn[];
+  uint2* xb = reinterpret_cast<uint2*>(dyn);  // [4 * chunks blocks][8]
+  const int sstride = 4 * chunks;
+  uint8_t* wscale = dyn + size_t(chunks) * 4 * 8 * 8 + size_t(warp) * 16 * sstride;
+
+  const uint32_t ring_lane = smem_u32(&ring[warp][0][0][lane]);
+  auto issue = [&](int i) {
+    const int c = kpart + i * kSplitK;
+    const uint32_t dst = ring_lane + uint32_t((i % kStages) * 2 * 32 * 16);
+    if (i < my_chunks) {
+      if (c < chunks - 1 || tail == 4) {
+        cp_async_16(dst, wa + c * 64 + t * 16, true);
+        cp_async_16(dst + 512, wb + c * 64 + t * 16, true);
+      } else {
+        for (int w = 0; w < tail; ++w) {
+          cp_async_4(dst + 4 * w, wa + c * 64 + t * 4 * tail + 4 * w);
+          cp_async_4(dst + 512 + 4 * w, wb + c * 64 + t * 4 * tail + 4 * w);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  for (int j = 0; j < kStages - 1; ++j) issue(j);
+
+  // The token's largest magnitude sets one power-of-two scale for its e4m3 terms.
+  uint32_t m = 0;
+  for (int q = threadIdx.x; q < k / 8; q += blockDim.x) {
+    const uint4 v = *reinterpret_cast<const uint4*>(x + 8 * q);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) m = max(m, max(w[i] & 0x7FFFu, (w[i] >> 16) & 0x7FFFu));
+  }
+  m = __reduce_max_sync(0xffffffffu, m);
+  if (lane == 0) reduce_s[warp] = m;
+  // Scales: the warp's 16 rows, padded to 4 per chunk, zero past the row.
+  {
+    const uint8_t* sg = scales + (int64_t(expert) * n + min(row0, n - 16)) * nblk;
+    for (int r = 0; r < 16; ++r)
+      for (int b = lane; b < sstride; b += 32) wscale[r * sstride + b] = b < nblk ? sg[r * nblk + b] : 0;
+  }
+  __syncthreads();
+  m = max(max(reduce_s[0], reduce_s[1]), max(reduce_s[2], reduce_s[3]));
+  const int shift = m == 0 ? 0 : int(m >> 7) - 134;  // largest |x| * 2^-shift in [128, 256)
+  const float down_scale = exp2f(float(-shift));
+  for (int q = threadIdx.x; q < chunks * 16; q += blockDim.x) {
+    const int blk = q / 4, tt = q % 4;
+    uint32_t hi[2], lo[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int kk = 32 * blk + 16 * half + 4 * tt;
+      float v[4] = {0, 0, 0, 0};
+      if (kk < k) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(x + kk);
+        v[0] = __uint_as_float(raw.x << 16) * down_scale;
+        v[1] = __uint_as_float(raw.x & 0xFFFF0000u) * down_scale;
+        v[2] = __uint_as_float(raw.y << 16) * down_scale;
+        v[3] = __uint_as_float(raw.y & 0xFFFF0000u) * down_scale;
+      }
+      const uint16_t h01 = e4m3x2(v[0], v[1]), h23 = e4m3x2(v[2], v[3]);
+      const float2 b01 = from_e4m3x2(h01), b23 = from_e4m3x2(h23);
+      const uint16_t l01 = e4m3x2(v[0] - b01.x, v[1] - b01.y), l23 = e4m3x2(v[2] - b23.x, v[3] - b23.y);
+      hi[half] = uint32_t(h01) | uint32_t(h23) << 16;
+      lo[half] = uint32_t(l01) | uint32_t(l23) << 16;
+    }
+    xb[blk * 8 + tt] = make_uint2(hi[0], hi[1]);
+    xb[blk * 8 + 4 + tt] = make_uint2(lo[0], lo[1]);
+  }
+  __syncthreads();
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint2* xl = xb + (lane & 7);
+  const uint8_t* sa = wscale + g * sstride;
+  const uint8_t* sb = wscale + (g + 8) * sstride;
+  for (int i = 0; i < my_chunks; ++i) {
+    issue(i + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    const int c = kpart + i * kSplitK, stage = i % kStages;
+    const uint4 a4 = ring[warp][stage][0][lane], b4 = ring[warp][stage][1][lane];
+    const uint32_t s_a = *reinterpret_cast<const uint32_t*>(sa + 4 * c);
+    const uint32_t s_b = *reinterpret_cast<const uint32_t*>(sb + 4 * c);
+    const uint2* xc = xl + c * 32;
+    const uint32_t wa4[4] = {a4.x, a4.y, a4.z, a4.w}, wb4[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t a0, a1, a2, a3;
+      decode_word(wa4[q], a0, a2);
+      decode_word(wb4[q], a1, a3);
+      const uint2 bx = xc[q * 8];
+      float d[4];
+      mma_fp8(d, a0, a1, a2, a3, bx.x, bx.y);
+      const float fa = __uint_as_float(((s_a >> (8 * q)) & 0xFFu) << 23);
+      const float fb = __uint_as_float(((s_b >> (8 * q)) & 0xFFu) << 23);
+      acc[0] = fmaf(fa, d[0], acc[0]);
+      acc[1] = fmaf(fa, d[1], acc[1]);
+      acc[2] = fmaf(fb, d[2], acc[2]);
+      acc[3] = fmaf(fb, d[3], acc[3]);
+    }
+  }
+  cp_async_wait<0>();
+  float ya = acc[0] + acc[1], yb = acc[2] + acc[3];
+  if constexpr (kSplitK > 1) {
+    partial[warp][lane] = make_float4(ya, yb, 0, 0);
+    __syncthreads();
+    if (kpart == 0)
+      for (int p = 1; p < kSplitK; ++p) {
+        ya += partial[warp + p][lane].x;
+        yb += partial[warp + p][lane].y;
+      }
+  }
+  if (kpart == 0 && t == 0) {
+    const float undo = exp2f(float(shift + 14));
+    if (row0 + g < n) out[int64_t(blockIdx.y) * n + row0 + g] = ya * undo;
+    if (row0 + g + 8 < n) out[int64_t(blockIdx.y) * n + row0 + g + 8] = yb * undo;
+  }
+}
+
+// ---- copies alone: does the order of the bytes matter? ----
+// Each warp streams its 16-row tile's chunks (1 KB each) through a cp.async ring and folds what
+// lands into one word, as the decode kernel's ring does without its arithmetic. kContiguous:
+// a chunk is 1 KB in one piece (a tiled layout); otherwise 16 pieces of 64 bytes, one per row
+// (the present layout: rows of K/2 bytes).
+template <bool kContiguous, int kSplitK, int kStages, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+    copy_probe(const uint8_t* blocks, int n, int k, const int* experts, uint32_t* sink) {
+  const int expert = experts[blockIdx.y];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int kpart = warp % kSplitK;
+  const int row0 = (blockIdx.x * (kWarps / kSplitK) + warp / kSplitK) * 16;
+  const int row_bytes = k / 2, chunks = (row_bytes + 63) / 64;
+  const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
+  const uint8_t* tile = blocks + (int64_t(expert) * n + row0) * row_bytes;
+  __shared__ uint4 ring[kWarps][kStages][2][32];
+  const uint32_t ring_lane = smem_u32(&ring[warp][0][0][lane]);
+  auto issue = [&](int i) {
+    const int c = kpart + i * kSplitK;
+    const uint32_t dst = ring_lane + uint32_t((i % kStages) * 2 * 32 * 16);
+    if (i < my_chunks) {
+      if (kContiguous) {
+        cp_async_16(dst, tile + int64_t(c) * 1024 + lane * 32, true);
+        cp_async_16(dst + 512, tile + int64_t(c) * 1024 + lane * 32 + 16, true);
+      } else {
+        cp_async_16(dst, tile + int64_t(g) * row_bytes + c * 64 + t * 16, true);
+        cp_async_16(dst + 512, tile + int64_t(g + 8) * row_bytes + c * 64 + t * 16, true);
+      }
+    }
+    cp_async_commit();
+  };
+  for (int j = 0; j < kStages - 1; ++j) issue(j);
+  uint32_t fold = 0;
+  for (int i = 0; i < my_chunks; ++i) {
+    issue(i + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    const uint4 a = ring[warp][i % kStages][0][lane], b = ring[warp][i % kStages][1][lane];
+    fold ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;
+  }
+  cp_async_wait<0>();
+  if (fold == 0x12345678u) sink[threadIdx.x] = fold;
+}
+
+// ---- host: the layout ----
+// Code at k of a row (checkpoint: byte k/2, low nibble for even k).
+inline uint32_t code_at(const uint8_t* row, int kk) { return (row[kk / 2] >> (4 * (kk % 2))) & 0xFu; }
+
+// One row of K codes in the FP8 layout (row_bytes = K / 2).
+void pack_row(const uint8_t* src, uint8_t* dst, int k) {
+  const int nblk = k / 32, chunks = (nblk + 3) / 4, tail = nblk - 4 * (chunks - 1);
+  for (int b = 0; b < nblk; ++b) {
+    const int c = b / 4, i = b % 4, r = c == chunks - 1 ? tail : 4;
+    for (int t = 0; t < 4; ++t) {
+      uint32_t word = 0;
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t lo = code_at(src, 32 * b + 4 * t + j);                 // out0 byte j
+        const uint32_t hi_next = code_at(src, 32 * b + 16 + 4 * t + (j + 1) % 4);  // out1 byte j+1 magnitude
+        const uint32_t hi = code_at(src, 32 * b + 16 + 4 * t + j);                 // out1 byte j sign
+        const uint32_t byte = (lo & 7u) | ((lo >> 3) << 6) | ((hi_next & 7u) << 3) | ((hi >> 3) << 7);
+        word |= byte << (8 * j);
+      }
+      std::memcpy(dst + c * 64 + t * 4 * r + i * 4, &word, 4);
+    }
+  }
+}
+}  // namespace probe
+
+using namespace anvil::cuda;
+
+static bool g_old_only = false, g_fp8 = false;
+constexpr int kPool = 48, kSets = 12, kActive = 4, kRounds = 10;
+
+template <typename Launch>
+static double time_us(Launch launch, cudaStream_t s) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int r = 0; r < kRounds; ++r)
+    for (int set = 0; set < kSets; ++set) launch(set);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int rep = 0; rep < 7; ++rep) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float v;
+    CK(cudaEventElapsedTime(&v, a, b));
+    ms.push_back(v);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return ms[3] * 1e3 / (kRounds * kSets);
+}
+
+template <int kSplitK, int kStages, int kMinBlocks>
+static void run_new(const char* label, const uint8_t* blocks, const uint8_t* scales, int n, int k, int* const* sets,
+                    const uint16_t* x, float* out, cudaStream_t s, double bytes) {
+  constexpr auto kernel = probe::fp8_m1<kSplitK, kStages, kMinBlocks>;
+  const int chunks = (k / 32 + 3) / 4;
+  const size_t smem = size_t(chunks) * 4 * 64 + size_t(probe::kWarps) * 16 * 4 * chunks;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned(n / (16 * probe::kWarps / kSplitK)), kActive);
+  cudaFuncAttributes attr;
+  CK(cudaFuncGetAttributes(&attr, kernel));
+  const double us = time_us([&](int set) { kernel<<<grid, 128, smem, s>>>(blocks, scales, n, k, sets[set], x, out); }, s);
+  std::printf("PERF %-8s new split=%d stages=%d minb=%d regs=%3d  %7.2f us  %6.0f GB/s\n", label, kSplitK, kStages,
+              kMinBlocks, attr.numRegs, us, bytes / us * 1e-3);
+}
+
+template <int kSplitK, bool kGateUp>
+static void run_old(const char* label, const uint8_t* blocks, const uint8_t* scales, int n, int k,
+                    const moe::Routing* routings, const uint16_t* x, uint16_t* act, float* out, cudaStream_t s,
+                    double bytes) {
+  constexpr auto kernel = moe::moe_decode_kernel<1, kSplitK, kGateUp, moe::Kind::Mxfp4>;
+  const size_t smem = size_t(moe::kDecodeWarps) * 16 * size_t(k / 32);
+  const dim3 grid(unsigned(n / (16 * moe::kDecodeWarps / kSplitK)), kActive);
+  const double us = time_us(
+      [&](int set) {
+        moe::ExpertProduct p;
+        p.a = x;
+        p.blocks = blocks;
+        p.scales = scales;
+        p.n = n;
+        p.k = k;
+        p.top_k = kActive;
+        p.act = act;
+        p.out = out;
+        p.limit = 7.0f;
+        p.alpha = 1.702f;
+        kernel<<<grid, 128, smem, s>>>(p, routings[set]);
+      },
+      s);
+  std::printf("PERF %-8s present split=%d  %7.2f us  %6.0f GB/s\n", label, kSplitK, us, bytes / us * 1e-3);
+}
+
+template <int kSplitK>
+static void case_run(const char* label, int n, int k, bool gate_up) {
+  Rng rng(uint64_t(n) * 7 + k);
+  const size_t row_bytes = size_t(k) / 2, nblk = size_t(k) / 32;
+  const size_t code_bytes = size_t(kPool) * n * row_bytes, scale_bytes = size_t(kPool) * n * nblk;
+  std::vector<uint8_t> codes(code_bytes), scales(scale_bytes), packed(code_bytes);
+  for (size_t i = 0; i < code_bytes; i += 8) {
+    const uint64_t v = rng.next();
+    std::memcpy(&codes[i], &v, std::min<size_t>(8, code_bytes - i));
+  }
+  for (auto& v : scales) v = uint8_t(118 + rng.next() % 11);
+  {
+    std::vector<std::thread> pool;
+    const int threads = std::max(1u, std::thread::hardware_concurrency());
+    const int64_t rows = int64_t(kPool) * n;
+    for (int th = 0; th < threads; ++th)
+      pool.emplace_back([&, th] {
+        for (int64_t r = th; r < rows; r += threads)
+          probe::pack_row(&codes[size_t(r) * row_bytes], &packed[size_t(r) * row_bytes], k);
+      });
+    for (auto& p : pool) p.join();
+  }
+  std::vector<uint16_t> x(size_t(kActive) * k + 64, 0);  // down's old kernel reads a row per slot
+  for (int i = 0; i < k; ++i) {
+    const double u = double(int64_t(rng.next() >> 40) - (int64_t(1) << 23)) / double(1 << 23);
+    x[size_t(i)] = tobf(float(u * std::exp2(double(int(rng.next() % 12)) - 8.0)));
+  }
+  for (int j = 1; j < kActive; ++j) std::copy(x.begin(), x.begin() + k, x.begin() + size_t(j) * k);
+  uint8_t *d_codes, *d_packed, *d_scales;
+  uint16_t *d_x, *d_act;
+  float* d_out;
+  CK(cudaMalloc(&d_codes, code_bytes + 256));
+  CK(cudaMalloc(&d_packed, code_bytes + 256));
+  CK(cudaMalloc(&d_scales, scale_bytes + 256));
+  CK(cudaMalloc(&d_x, x.size() * 2));
+  CK(cudaMalloc(&d_act, size_t(kActive) * n * 2));
+  CK(cudaMalloc(&d_out, size_t(kActive) * n * 4));
+  CK(cudaMemcpy(d_codes, codes.data(), code_bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_packed, packed.data(), code_bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_scales, scales.data(), scale_bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  // Sets of four distinct experts; the routing tables the old kernel reads.
+  std::vector<int*> sets(kSets);
+  std::vector<moe::Routing> routings(kSets);
+  std::vector<std::vector<int>> set_ids(kSets);
+  for (int set = 0; set < kSets; ++set) {
+    for (int j = 0; j < kActive; ++j) set_ids[size_t(set)].push_back(set * kActive + j);
+    std::vector<int> tables;  // active[4], active_range[8], sorted_slot[4]
+    for (int j = 0; j < kActive; ++j) tables.push_back(set_ids[size_t(set)][size_t(j)]);
+    for (int j = 0; j < kActive; ++j) {
+      tables.push_back(j);
+      tables.push_back(1);
+    }
+    for (int j = 0; j < kActive; ++j) tables.push_back(j);
+    int* d;
+    CK(cudaMalloc(&d, tables.size() * 4));
+    CK(cudaMemcpy(d, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+    sets[size_t(set)] = d;
+    routings[size_t(set)].active = d;
+    routings[size_t(set)].active_range = d + kActive;
+    routings[size_t(set)].sorted_slot = d + 3 * kActive;
+  }
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+
+  // Correctness of the FP8 form on set 0 against a double reference.
+  {
+    float* d_check;
+    CK(cudaMalloc(&d_check, size_t(kActive) * n * 4));
+    constexpr auto kernel = probe::fp8_m1<kSplitK, 8, 3>;
+    const int chunks = (k / 32 + 3) / 4;
+    const size_t smem = size_t(chunks) * 4 * 64 + size_t(probe::kWarps) * 16 * 4 * chunks;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kernel<<<dim3(unsigned(n / (16 * probe::kWarps / kSplitK)), kActive), 128, smem, s>>>(d_packed, d_scales, n, k,
+                                                                                           sets[0], d_x, d_check);
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> got(size_t(kActive) * n);
+    CK(cudaMemcpy(got.data(), d_check, got.size() * 4, cudaMemcpyDeviceToHost));
+    double e2 = 0, n2 = 0, worst = 0;
+    for (int j = 0; j < kActive; ++j)
+      for (int r = 0; r < n; ++r) {
+        const size_t row = size_t(set_ids[0][size_t(j)]) * n + r;
+        double want = 0;
+        for (int kk = 0; kk < k; ++kk)
+          want += double(kFp4[probe::code_at(&codes[row * row_bytes], kk)]) *
+                  std::ldexp(1.0, int(scales[row * nblk + kk / 32]) - 127) * double(bf(x[size_t(kk)]));
+        const double d = double(got[size_t(j) * n + r]) - want;
+        e2 += d * d;
+        n2 += want * want;
+        worst = std::max(worst, std::fabs(d));
+      }
+    std::printf("CHECK %-8s fp8 form vs double: rel rms %.3e, max |d| %.3e%s\n", label, std::sqrt(e2 / n2), worst,
+                std::sqrt(e2 / n2) < 1e-5 ? "" : "  FAIL");
+    cudaFree(d_check);
+  }
+
+  const double bytes = double(kActive) * n * (row_bytes + nblk);
+  if (gate_up)
+    run_old<kSplitK, true>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
+  else
+    run_old<kSplitK, false>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
+  if (g_old_only || !g_fp8) return;
+  run_new<kSplitK, 8, 3>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
+  run_new<kSplitK, 8, 4>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
+  run_new<kSplitK, 12, 3>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
+  run_new<kSplitK * 2, 8, 3>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
+  run_new<kSplitK * 2, 8, 4>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
+  run_new<kSplitK * 2, 6, 4>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
+  cudaFree(d_codes);
+  cudaFree(d_packed);
+  cudaFree(d_scales);
+  cudaFree(d_x);
+  cudaFree(d_act);
+  cudaFree(d_out);
+}
+
+template <bool kContiguous, int kSplitK, int kStages, int kMinBlocks>
+static void run_copy(int n, int k, const uint8_t* blocks, int* const* sets, uint32_t* sink, cudaStream_t s,
+                     double bytes) {
+  constexpr auto kernel = probe::copy_probe<kContiguous, kSplitK, kStages, kMinBlocks>;
+  const dim3 grid(unsigned(n / (16 * probe::kWarps / kSplitK)), kActive);
+  const double us = time_us([&](int set) { kernel<<<grid, 128, 0, s>>>(blocks, n, k, sets[set], sink); }, s);
+  std::printf("COPY n=%d k=%d %-10s split=%d stages=%d minb=%d  %7.2f us  %6.0f GB/s\n", n, k,
+              kContiguous ? "contiguous" : "64B-pieces", kSplitK, kStages, kMinBlocks, us, bytes / us * 1e-3);
+}
+
+static void copy_case(int n, int k) {
+  const size_t bytes_all = size_t(kPool) * n * (k / 2);
+  uint8_t* d;
+  CK(cudaMalloc(&d, bytes_all + 4096));
+  CK(cudaMemset(d, 0x5a, bytes_all));
+  std::vector<int*> sets(kSets);
+  for (int set = 0; set < kSets; ++set) {
+    std::vector<int> ids;
+    for (int j = 0; j < kActive; ++j) ids.push_back(set * kActive + j);
+    CK(cudaMalloc(&sets[size_t(set)], 64));
+    CK(cudaMemcpy(sets[size_t(set)], ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  }
+  uint32_t* sink;
+  CK(cudaMalloc(&sink, 4096));
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  const double bytes = double(kActive) * n * (k / 2);
+  run_copy<false, 1, 8, 3>(n, k, d, sets.data(), sink, s, bytes);
+  run_copy<true, 1, 8, 3>(n, k, d, sets.data(), sink, s, bytes);
+  run_copy<false, 2, 4, 6>(n, k, d, sets.data(), sink, s, bytes);
+  run_copy<true, 2, 4, 6>(n, k, d, sets.data(), sink, s, bytes);
+  run_copy<false, 2, 6, 6>(n, k, d, sets.data(), sink, s, bytes);
+  run_copy<true, 2, 6, 6>(n, k, d, sets.data(), sink, s, bytes);
+  run_copy<false, 4, 4, 6>(n, k, d, sets.data(), sink, s, bytes);
+  run_copy<true, 4, 4, 6>(n, k, d, sets.data(), sink, s, bytes);
+  run_copy<true, 2, 8, 4>(n, k, d, sets.data(), sink, s, bytes);
+  cudaFree(d);
+}
+
+int main(int argc, char** argv) {
+  const std::string which = argc > 1 ? argv[1] : "both";
+  if (which == "copy") {
+    copy_case(5760, 2880);
+    copy_case(2880, 2880);
+    return 0;
+  }
+  g_fp8 = argc > 2 && std::string(argv[2]) == "fp8";
+  if (which == "old") {  // the present kernel alone, for a profiler
+    g_old_only = true;
+    case_run<1>("gate_up", 5760, 2880, true);
+    return 0;
+  }
+  if (which != "down") case_run<1>("gate_up", 5760, 2880, true);
+  if (which != "gate_up") case_run<2>("down", 2880, 2880, false);
+  return 0;
+}
