@@ -13,14 +13,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(call)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
+#include "harness_common.h"
 
 // in[block] -> out[block] + 1, after `work` dependent multiply-adds per thread (a stand-in for a
 // kernel's own latency, 0 for a bare boundary).

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/ops.h"
-#include "host_values.h"
+#include "harness_common.h"
 // The dense kernels are included (not linked) so tune mode can launch their variants.
 #include "../../src/backend/cuda/linear_dense.cu"
 
@@ -30,14 +30,6 @@ bool chained_launch_enabled() { return true; }
 
 using namespace anvil;
 
-#define CK(x)                                                                                    \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s failed: %s at %d\n", #x, cudaGetErrorString(e_), __LINE__);       \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 static int g_fail = 0;
 static bool g_profile = false;  // run each case once, no reference (under ncu)

@@ -26,16 +26,8 @@
 #include <vector>
 
 #include "backend/cuda/moe_decode.cuh"
-#include "host_values.h"
+#include "harness_common.h"
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s failed: %s at %d\n", #x, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 namespace probe {
 using namespace anvil::cuda::gemm;
