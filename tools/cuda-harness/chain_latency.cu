@@ -56,30 +56,12 @@ int main() {
   for (int work : {0, 2000}) {
     for (int blocks : {1, sms, 4 * sms}) {
       for (bool pdl : {false, true}) {
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < kChain; ++i) launch(pdl, blocks, i % 2 ? b : a, i % 2 ? a : b, work, stream);
-        CK(cudaStreamEndCapture(stream, &graph));
-        CK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, stream));
-        cudaEvent_t start, stop;
-        CK(cudaEventCreate(&start));
-        CK(cudaEventCreate(&stop));
-        std::vector<float> ms;
-        for (int r = 0; r < 20; ++r) {
-          CK(cudaEventRecord(start, stream));
-          CK(cudaGraphLaunch(exec, stream));
-          CK(cudaEventRecord(stop, stream));
-          CK(cudaEventSynchronize(stop));
-          float t = 0;
-          CK(cudaEventElapsedTime(&t, start, stop));
-          ms.push_back(t);
-        }
-        std::sort(ms.begin(), ms.end());
-        std::printf("%-6s %-8d %-6d %14.2f\n", pdl ? "on" : "off", blocks, work, ms[ms.size() / 2] * 1000.0 / kChain);
-        CK(cudaGraphExecDestroy(exec));
-        CK(cudaGraphDestroy(graph));
+        const double ms = graph_median_ms(
+            [&] {
+              for (int i = 0; i < kChain; ++i) launch(pdl, blocks, i % 2 ? b : a, i % 2 ? a : b, work, stream);
+            },
+            stream, 3, 20);
+        std::printf("%-6s %-8d %-6d %14.2f\n", pdl ? "on" : "off", blocks, work, ms * 1000.0 / kChain);
       }
     }
   }

@@ -265,34 +265,16 @@ using namespace anvil::cuda;
 static bool g_old_only = false, g_fp8 = false;
 constexpr int kPool = 48, kSets = 12, kActive = 4, kRounds = 10;
 
+// Microseconds per launch: a graph of kRounds x kSets launches, one expert set after another.
 template <typename Launch>
 static double time_us(Launch launch, cudaStream_t s) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int r = 0; r < kRounds; ++r)
-    for (int set = 0; set < kSets; ++set) launch(set);
-  CK(cudaStreamEndCapture(s, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  CK(cudaGraphLaunch(exec, s));
-  CK(cudaStreamSynchronize(s));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int rep = 0; rep < 7; ++rep) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float v;
-    CK(cudaEventElapsedTime(&v, a, b));
-    ms.push_back(v);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return ms[3] * 1e3 / (kRounds * kSets);
+  const double ms = graph_median_ms(
+      [&] {
+        for (int r = 0; r < kRounds; ++r)
+          for (int set = 0; set < kSets; ++set) launch(set);
+      },
+      s, 1, 7);
+  return ms * 1e3 / (kRounds * kSets);
 }
 
 template <int kSplitK, int kStages, int kMinBlocks>
