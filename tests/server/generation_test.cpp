@@ -221,6 +221,26 @@ TEST(ServerGeneration, SeveralChoicesLogprobsAndUsage) {
   EXPECT_TRUE(content[0].at("bytes").is_array());
 }
 
+// ignore_eos gets every requested token from a chat too. A CI run failed when a sampled reply drew
+// <|im_end|> (about 1 draw in 800 from qwen3-tiny) 2 tokens into an ignore_eos request for 6;
+// these 4,096 seeded draws reach ChatML's <|im_end|> and <|endoftext|> several times, and none of
+// them may end a choice.
+TEST(ServerGeneration, IgnoreEosChatRepliesRunToMaxTokens) {
+  const HttpResult result = post(qwen_server(), "/v1/chat/completions",
+                                 Json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"n", 64}, {"max_tokens", 64},
+                                      {"temperature", 1.0}, {"seed", 3}, {"ignore_eos", true}, {"return_token_ids", true}});
+  ASSERT_EQ(result.status, 200) << result.body;
+  const int32_t end_of_text = 256, im_end = 258;  // qwen_like_tokenizer's added tokens
+  int stops_drawn = 0;
+  for (const Json& choice : result.json.at("choices")) {
+    EXPECT_EQ(choice.at("token_ids").size(), 64u);
+    EXPECT_EQ(choice.at("finish_reason"), "length");
+    for (const Json& id : choice.at("token_ids")) stops_drawn += id == im_end || id == end_of_text;
+  }
+  EXPECT_GT(stops_drawn, 0) << "the draws never reached a stop id, so this test proves nothing";
+  EXPECT_EQ(result.json.at("usage").at("completion_tokens"), 64 * 64);
+}
+
 TEST(ServerGeneration, PromptLongerThanTheContextIs400) {
   ServerProcess server({tiny_model_dir().string(), "--max-model-len", "64", "--kv-cache-memory", "0.01"});
   ASSERT_TRUE(server.wait_ready(60)) << server.log();

@@ -1,8 +1,9 @@
 // The server's pieces that need no process: stop strings over split text, the forced-prefix
-// constraint, bounded JSON parsing, bearer checks.
+// constraint, bounded JSON parsing, bearer checks, engine parameters from request options.
 #include <gtest/gtest.h>
 
 #include "server/auth.h"
+#include "server/endpoint_common.h"
 #include "server/json_input.h"
 #include "server/prefix_constraint.h"
 #include "server/stop_matcher.h"
@@ -117,6 +118,24 @@ TEST(Auth, BearerKeyMustMatchExactly) {
   EXPECT_TRUE(route_needs_key("/v1/models"));
   EXPECT_FALSE(route_needs_key("/health"));
   EXPECT_FALSE(route_needs_key("/v1x"));
+}
+
+// A CI run failed when a sampled chat reply drew <|im_end|> 2 tokens into an ignore_eos request
+// for 6: the chat format's end-of-turn ids stopped it although the client asked for every token.
+TEST(RequestParams, IgnoreEosAlsoPassesTheChatFormatsEndOfTurnIds) {
+  ServedModel model;
+  model.eos_ids = {3};
+  const std::vector<int32_t> prompt = {5, 6}, format_stops = {256, 257};
+  GenerationOptions options;
+  options.stop_token_ids = {9};
+  const RequestParams stopping = make_params(options, model, prompt, 6, 0, format_stops, {});
+  EXPECT_FALSE(stopping.ignore_eos);
+  EXPECT_EQ(stopping.stop_token_ids, (std::vector<int32_t>{256, 257, 9}));
+  options.ignore_eos = true;
+  const RequestParams ignoring = make_params(options, model, prompt, 6, 0, format_stops, {});
+  EXPECT_TRUE(ignoring.ignore_eos);
+  EXPECT_EQ(ignoring.eos_token_ids, (std::vector<int32_t>{3}));
+  EXPECT_EQ(ignoring.stop_token_ids, (std::vector<int32_t>{9}));  // the client's own still stop
 }
 
 }  // namespace
