@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "backend/cuda/ops.h"
 #include "backend/cuda/runtime.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
@@ -66,6 +67,25 @@ TEST_F(CudaGraphTest, ChainedLaunchesComputeExactlyWhatStreamOrderDoes) {
     EXPECT_EQ(std::memcmp(runs[1].data(), runs[2].data(), runs[1].size() * sizeof(float)), 0)
         << "two chained runs, dtype " << int(dtype);
   }
+}
+
+// gpt-oss's qkv product with RoPE and the KV write in its epilogue (linear_rope_to_cache fused)
+// changes no logit of a prompt run one token per step (decode graphs, sliding and full layers),
+// and the 64-token chunks (prefill, never fused) are unaffected too.
+TEST_F(CudaGraphTest, QkvRopeFusionChangesNoLogit) {
+  const auto prompt = prompt_of(150, 1000, 13);
+  std::vector<std::vector<float>> runs;
+  for (const bool fused : {false, true}) {
+    cuda::set_qkv_rope_fusion(fused);
+    auto model = load_tiny(false);
+    auto logits = prompt_logits(*model, prompt, 1);
+    const auto chunked = prompt_logits(*model, prompt, 64);
+    logits.insert(logits.end(), chunked.begin(), chunked.end());
+    runs.push_back(std::move(logits));
+  }
+  cuda::set_qkv_rope_fusion(false);
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0);
 }
 
 // One sequence whose context crosses 256 positions (16 blocks of 16, the smallest padded

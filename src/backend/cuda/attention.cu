@@ -26,6 +26,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/rope.cuh"
 
 namespace anvil::cuda {
 
@@ -276,10 +277,9 @@ __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch bat
     inv = rsqrtf(sum / float(head_dim) + qk_norm.eps);
   }
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-    const float angle = position * inv_freq[j];
-    const float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
+    const RopeTurn turn = rope_turn(position, inv_freq[j], mscale);
     const float x0 = norm ? in[j] * inv * norm[j] : in[j], x1 = norm ? in[j + half] * inv * norm[j + half] : in[j + half];
-    const float r0 = x0 * c - x1 * s, r1 = x1 * c + x0 * s;
+    const float r0 = rope_first(x0, x1, turn), r1 = rope_second(x0, x1, turn);
     if (head < heads) {
       float* out = q + (row * heads + head) * head_dim;
       out[j] = r0;

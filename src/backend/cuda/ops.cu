@@ -6,6 +6,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/rope.cuh"
 
 namespace anvil::cuda {
 
@@ -72,15 +73,12 @@ __global__ void rope_kernel(float* x, int64_t heads, int64_t head_dim, const int
   const int64_t row = blockIdx.x, half = head_dim / 2;
   const float position = float(positions[row]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    // As the reference: a float32 angle, then precise cos/sin (no fast-math intrinsics: positions
-    // reach 10^5 and __cosf loses accuracy there).
-    const float angle = position * inv_freq[i];
-    const float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
+    const RopeTurn turn = rope_turn(position, inv_freq[i], mscale);
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + (row * heads + h) * head_dim;
       const float a = v[i], b = v[i + half];
-      v[i] = a * c - b * s;
-      v[i + half] = b * c + a * s;
+      v[i] = rope_first(a, b, turn);
+      v[i + half] = rope_second(a, b, turn);
     }
   }
 }
@@ -103,11 +101,10 @@ __global__ void split_qkv_rope_kernel(const float* qkv, int64_t heads, int64_t k
   float* out = head < heads ? q + (row * heads + head) * head_dim : k + (row * kv_heads + head - heads) * head_dim;
   const float position = float(positions[row]);
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-    const float angle = position * inv_freq[j];  // as rope_kernel: float32 angle, precise cos/sin
-    const float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
+    const RopeTurn turn = rope_turn(position, inv_freq[j], mscale);
     const float x0 = in[j], x1 = in[j + half];
-    out[j] = x0 * c - x1 * s;
-    out[j + half] = x1 * c + x0 * s;
+    out[j] = rope_first(x0, x1, turn);
+    out[j + half] = rope_second(x0, x1, turn);
   }
 }
 
@@ -137,11 +134,10 @@ __global__ void split_qkv_norm_rope_kernel(const float* qkv, int64_t heads, int6
     __syncwarp();
     float* out = head < heads ? q + (row * heads + head) * head_dim : k + (row * kv_heads + head - heads) * head_dim;
     for (int64_t j = lane; j < half; j += 32) {
-      const float angle = position * inv_freq[j];
-      const float c = cosf(angle) * mscale, s = sinf(angle) * mscale;
+      const RopeTurn turn = rope_turn(position, inv_freq[j], mscale);
       const float a = mine[j], b = mine[j + half];
-      out[j] = a * c - b * s;
-      out[j + half] = b * c + a * s;
+      out[j] = rope_first(a, b, turn);
+      out[j + half] = rope_second(a, b, turn);
     }
     __syncwarp();
   }
