@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/host_device.h"
+#include "core/host_device.h"
 
 namespace anvil {
 

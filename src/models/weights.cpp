@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "core/error.h"
+#include "core/splitmix64.h"
 #include "core/thread_pool.h"
 #include "formats/safetensors.h"
 
@@ -44,13 +45,6 @@ class CheckpointWeights : public WeightSource {
   Checkpoint checkpoint_;
   std::filesystem::path dir_;
 };
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // Random values scaled so activations stay of order one through many layers: weights ~ U(-a, a)
 // with a = sqrt(3 / fan_in), norms near 1, biases and sinks small. Each tensor's values depend only

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/runtime.h"
+#include "core/splitmix64.h"
 
 // Skips the calling test, saying why, where no CUDA GPU can be used.
 #define ANVIL_REQUIRE_GPU()                                                                              \
@@ -17,19 +18,8 @@
 
 namespace anvil::test {
 
-// splitmix64: fast enough to fill a 1 GB weight on the host.
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-1, 1).
-  float uniform() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(1 << 23); }
-};
+// Fast enough to fill a 1 GB weight on the host.
+using Rng = SplitMix64;
 
 // A device copy of `host` (a zero-length vector still gets a valid one-byte buffer).
 template <typename T>

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/splitmix64.h"
+
 #define CK(x)                                                                              \
   do {                                                                                     \
     cudaError_t e_ = (x);                                                                  \
@@ -20,17 +22,7 @@
     }                                                                                      \
   } while (0)
 
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t s) : state(s) {}
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return float(int64_t(next() >> 40) - (int64_t(1) << 23)) / float(1 << 23); }
-};
+using Rng = anvil::SplitMix64;
 
 static inline float bf(uint16_t b) {
   uint32_t u = uint32_t(b) << 16;

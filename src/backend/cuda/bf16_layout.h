@@ -5,7 +5,7 @@
 // every 32-bit word such a pair, so the GEMM reads its mma fragments with no decode at all, and
 // the CUDA-core kernels of moe_bf16.cu read the same bytes. Plain C++ as well as CUDA, so host
 // code and tests can lay out rows too.
-#include "backend/host_device.h"
+#include "core/host_device.h"
 
 namespace anvil::cuda::bf16_layout {
 

@@ -5,23 +5,16 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/ops.h"
+#include "core/splitmix64.h"
 
 namespace anvil::cuda {
 
 namespace {
 
 constexpr int64_t kChunk = int64_t(1) << 16;
-constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ull;
-
-__device__ __forceinline__ uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 __device__ __forceinline__ uint64_t draw(uint64_t name_hash, int64_t chunk, int64_t index_in_chunk) {
   const uint64_t state = name_hash * 0x100000001b3ull + uint64_t(chunk);
-  return mix(state + uint64_t(index_in_chunk + 1) * kGamma);
+  return splitmix64_mix(state + uint64_t(index_in_chunk + 1) * kSplitMix64Gamma);
 }
 
 __global__ void dummy_fill_kernel(void* data, int64_t numel, DummyFill fill) {

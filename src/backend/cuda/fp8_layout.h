@@ -12,7 +12,7 @@
 // Plain C++ as well as CUDA, so host code and tests can lay out and decode rows too.
 #include <cstdint>
 
-#include "backend/host_device.h"
+#include "core/host_device.h"
 
 namespace anvil::cuda::fp8 {
 

@@ -12,7 +12,7 @@
 // Plain C++ as well as CUDA, so host code and tests can pack and unpack words too.
 #include <cstdint>
 
-#include "backend/host_device.h"
+#include "core/host_device.h"
 
 namespace anvil::cuda::mxfp4 {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backend/host_device.h"
+#include "core/host_device.h"
 
 namespace anvil::cuda::moe {
 
