@@ -159,15 +159,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
   const int g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(blockIdx.x) * 16;
   // Rows past the end read the last row (harmless, never stored).
-  const int64_t feature0 = int64_t(blockIdx.x) * 8;  // kSiluMul: out / 2 is a multiple of 8
-  // kRope: head_dim / 2 is a multiple of 8, so a head is head_dim / 16 blocks of 8 pairs.
-  const int rope_half = rope.head_dim / 2;
-  const int rope_head = kRope ? int(blockIdx.x) / (rope_half / 8) : 0;
-  const int rope_pair0 = kRope ? int(blockIdx.x) % (rope_half / 8) * 8 : 0;
-  const int64_t rope_row = int64_t(rope_head) * rope.head_dim + rope_pair0 + g;
-  const int64_t row_a = kSiluMul ? feature0 + g : kRope ? rope_row : min(row0 + g, int64_t(out) - 1);
-  const int64_t row_b =
-      kSiluMul ? out / 2 + feature0 + g : kRope ? rope_row + rope_half : min(row0 + g + 8, int64_t(out) - 1);
+  // The paired epilogues' blocks take 8 rows from first_row on and their partners partner_offset
+  // further: kSiluMul's gate rows and up rows (out / 2 is a multiple of 8), kRope's 8 pairs of a
+  // head (head_dim / 2 is a multiple of 8, so a head is head_dim / 16 blocks).
+  const int rope_head = kRope ? int(blockIdx.x) / (rope.head_dim / 16) : 0;
+  const int rope_pair0 = kRope ? int(blockIdx.x) % (rope.head_dim / 16) * 8 : 0;
+  const int64_t first_row = kSiluMul ? int64_t(blockIdx.x) * 8 : int64_t(rope_head) * rope.head_dim + rope_pair0;
+  const int64_t partner_offset = kSiluMul ? out / 2 : rope.head_dim / 2;
+  const int64_t row_a = kSiluMul || kRope ? first_row + g : min(row0 + g, int64_t(out) - 1);
+  const int64_t row_b = kSiluMul || kRope ? first_row + g + partner_offset : min(row0 + g + 8, int64_t(out) - 1);
   const Weight* wa = weight + row_a * in + t * F::kLaneK;
   const Weight* wb = weight + row_b * in + t * F::kLaneK;
   const uint16_t* xr[kTokenTiles];
@@ -250,33 +250,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
     partial[warp][n][lane] = make_float4(acc[0][n][0], acc[0][n][1], acc[0][n][2], acc[0][n][3]);
   __syncthreads();
   const float* flat = &partial[0][0][0].x;
-  if constexpr (kSiluMul) {
-    // Entry (n, lane l, element e) of row g is the gate, element e + 2 (row g + 8) the up.
-    const int64_t width = out / 2;
-    for (int i = threadIdx.x; i < kTokenTiles * 64; i += blockDim.x) {
-      const int n = i / 64, l = (i / 2) % 32, e = i % 2, at = n * 128 + l * 4 + e;
-      float gate = 0.0f, up = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kGemvWarps; ++w) {
-        gate += flat[w * kTokenTiles * 128 + at];
-        up += flat[w * kTokenTiles * 128 + at + 2];
-      }
-      const int64_t feature = feature0 + l / 4;
-      const int token = n * 8 + 2 * (l % 4) + e;
-      if (token < m) {
-        if constexpr (kFp8) {
-          gate *= row_scales[feature];
-          up *= row_scales[width + feature];
-        }
-        gate += bias != nullptr ? bias[feature] : 0.0f;
-        up += bias != nullptr ? bias[width + feature] : 0.0f;
-        const float value = gate / (1.0f + expf(-gate)) * up;  // as silu_mul_to_bf16
-        y_bf16[int64_t(token) * width + feature] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
-      }
-    }
-  } else if constexpr (kRope) {
-    // Entry (n, lane l, element e) is pair rope_pair0 + l / 4's first value, element e + 2 its
-    // second; the scale and bias as the Store epilogue applies them.
+  if constexpr (kSiluMul || kRope) {
+    // Entry (n, lane l, element e) is row l / 4's value (the gate, or a rotated pair's first) for
+    // token 2 (l % 4) + e of tile n; element e + 2 is its partner row's (the up, or the second).
     for (int i = threadIdx.x; i < kTokenTiles * 64; i += blockDim.x) {
       const int n = i / 64, l = (i / 2) % 32, e = i % 2, at = n * 128 + l * 4 + e;
       float first = 0.0f, second = 0.0f;
@@ -285,17 +261,21 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
         first += flat[w * kTokenTiles * 128 + at];
         second += flat[w * kTokenTiles * 128 + at + 2];
       }
-      const int pair = rope_pair0 + l / 4;
-      const int64_t row_first = int64_t(rope_head) * rope.head_dim + pair, row_second = row_first + rope_half;
+      const int64_t row_first = first_row + l / 4, row_second = row_first + partner_offset;
       const int token = n * 8 + 2 * (l % 4) + e;
       if (token < m) {
         if constexpr (kFp8) {
           first *= row_scales[row_first];
           second *= row_scales[row_second];
         }
-        first = first + (bias != nullptr ? bias[row_first] : 0.0f);
-        second = second + (bias != nullptr ? bias[row_second] : 0.0f);
-        rope_cache_store(rope, token, rope_head, pair, first, second);
+        first += bias != nullptr ? bias[row_first] : 0.0f;
+        second += bias != nullptr ? bias[row_second] : 0.0f;
+        if constexpr (kSiluMul) {
+          const float value = first / (1.0f + expf(-first)) * second;  // as silu_mul_to_bf16
+          y_bf16[int64_t(token) * (out / 2) + row_first] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
+        } else {
+          rope_cache_store(rope, token, rope_head, rope_pair0 + l / 4, first, second);
+        }
       }
     }
   } else {
