@@ -6,13 +6,23 @@
 //   moe_probe old                  the present gate_up kernel alone, for ncu
 //   moe_probe copy                 the weight ring alone (cp.async, no arithmetic): 64-byte row
 //                                  pieces as stored against 1 KB pieces
+//   moe_probe both f16             also the FP16 form below (session 16, not yet run)
 // The FP8 form (session 15): a weight word decodes to two e5m2 registers in 5 ALU ops (a layout
 // made for it at load), the activation is two e4m3 terms (hi + lo, exact for bf16 within 2^-10
 // of the token's largest magnitude) in the mma's columns, and each 32-value block's scale
 // multiplies the mma's result. On SM90 mma.sync has no FP8 form: ptxas emulates it with F2FP
 // conversions and two HMMA.16816 each, and the kernel ran at 34 us against 20 us (SM89 and SM120
-// have FP8 mma.sync natively). Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a
+// have FP8 mma.sync natively).
+// The FP16 form (session 16): an E2M1 code whose three magnitude bits sit in an fp16's exponent's
+// low two bits and its top mantissa bit, and whose sign sits in the sign bit, is the code's value
+// times 2^-14 exactly, subnormals included (bf16's wider exponent makes the same placement
+// 2^-126, too small for the products), so a weight pair needs only masks and shifts (11 ops per
+// word of 8 codes in the layout below, against ~17 plus the scale's HMUL2 for bf16), and each
+// 32-value block's scale (times 2^14) multiplies the two mma results of its block. The token is
+// fp16 in the mma's pair order (what its producer would write), so no byte permutes either.
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a
 //   --expt-relaxed-constexpr -Isrc tools/cuda-harness/moe_probe.cu -o moe_probe
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -236,6 +246,125 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   if (fold == 0x12345678u) sink[threadIdx.x] = fold;
 }
 
+// ---- the FP16 form ----
+// A chunk is 4 blocks of 32 codes per row; lane quad t keeps word w = block 4c + w's 8 codes at
+// k = 2t, 2t+1 (pair A), 2t+8, 2t+9 (B), 16+2t, 17+2t (C), 24+2t, 25+2t (D): the A operand pairs
+// of the block's two m16n8k16 steps. In the word, pair A's bits are already an fp16x2's
+// (magnitudes at 9-11 and 25-27, signs at 15 and 31), pair B's are that rotated left by 3, and
+// C's and D's magnitudes and signs need a shift each (pack_row_f16 places them).
+// Host and device: `moe_probe emulate` checks the layout on the CPU.
+__host__ __device__ __forceinline__ uint32_t f16_pair_a(uint32_t w) { return w & 0x8E008E00u; }
+__host__ __device__ __forceinline__ uint32_t f16_pair_b(uint32_t w) { return ((w >> 3) | (w << 29)) & 0x8E008E00u; }
+__host__ __device__ __forceinline__ uint32_t f16_pair_c(uint32_t w) {
+  return ((w << 6) & 0x0E000E00u) | ((w << 15) & 0x80008000u);
+}
+__host__ __device__ __forceinline__ uint32_t f16_pair_d(uint32_t w) {
+  return ((w << 3) & 0x0E000E00u) | ((w << 14) & 0x80008000u);
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// blocks: rows of chunks * 64 bytes (pack_row_f16); scales: E8M0, nblk per row; x16: the token as
+// fp16 pairs, chunk c's lane quad t at x16[(4c + t) * 4 + w] = block w's {b0, b1} of step 0, then
+// of step 1. Scales up to 240 (real checkpoints stay near 127).
+template <int kSplitK, int kStages, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+    f16_m1(const uint8_t* blocks, const uint8_t* scales, int n, int k, const int* experts, const uint4* x16,
+           float* out) {
+  const int expert = experts[blockIdx.y];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int kpart = warp % kSplitK;
+  const int row0 = (blockIdx.x * (kWarps / kSplitK) + warp / kSplitK) * 16;
+  const int nblk = k / 32, chunks = (nblk + 3) / 4, row_bytes = chunks * 64, sstride = 4 * chunks;
+  const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
+  const int row_a = min(row0 + g, n - 1), row_b = min(row0 + g + 8, n - 1);
+  const uint8_t* wa = blocks + (int64_t(expert) * n + row_a) * row_bytes + t * 16;
+  const uint8_t* wb = blocks + (int64_t(expert) * n + row_b) * row_bytes + t * 16;
+  __shared__ uint4 ring[kWarps][kStages][2][32];
+  __shared__ float2 partial[kWarps][32];
+  extern __shared__ __align__(16) float block_scales[];  // [kWarps][16][sstride]: 2^(s - 113)
+  float* wscale = block_scales + warp * 16 * sstride;
+
+  const uint32_t ring_lane = smem_u32(&ring[warp][0][0][lane]);
+  auto issue = [&](int i) {
+    const int c = kpart + i * kSplitK;
+    const uint32_t dst = ring_lane + uint32_t((i % kStages) * 2 * 32 * 16);
+    const bool ok = i < my_chunks;
+    cp_async_16(dst, ok ? wa + c * 64 : blocks, ok);
+    cp_async_16(dst + 512, ok ? wb + c * 64 : blocks, ok);
+    cp_async_commit();
+  };
+  for (int j = 0; j < kStages - 1; ++j) issue(j);
+  {
+    const uint8_t* sg = scales + (int64_t(expert) * n + min(row0, n - 16)) * nblk;
+    for (int r = 0; r < 16; ++r)
+      for (int b = lane; b < sstride; b += 32)
+        wscale[r * sstride + b] = b < nblk ? __uint_as_float((uint32_t(sg[r * nblk + b]) + 14u) << 23) : 0.0f;
+  }
+  __syncwarp();
+  const float* sa = wscale + g * sstride;
+  const float* sb = wscale + (g + 8) * sstride;
+  const uint4* xl = x16 + t * 4;
+  auto load_x = [&](int i, uint4 (&dst)[4]) {
+    const int c = kpart + i * kSplitK;
+    const bool ok = i < my_chunks;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) dst[w] = load_cached_16(xl + c * 16 + w, ok);
+  };
+
+  float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [block parity][row g, row g + 8]
+  auto chunk = [&](int i, const uint4 (&xv)[4]) {
+    issue(i + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    const int c = kpart + i * kSplitK, stage = i % kStages;
+    const uint4 a4 = ring[warp][stage][0][lane], b4 = ring[warp][stage][1][lane];
+    const float4 fa = *reinterpret_cast<const float4*>(sa + 4 * c);
+    const float4 fb = *reinterpret_cast<const float4*>(sb + 4 * c);
+    const uint32_t wa4[4] = {a4.x, a4.y, a4.z, a4.w}, wb4[4] = {b4.x, b4.y, b4.z, b4.w};
+    const float sca[4] = {fa.x, fa.y, fa.z, fa.w}, scb[4] = {fb.x, fb.y, fb.z, fb.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_f16(d, f16_pair_a(wa4[w]), f16_pair_a(wb4[w]), f16_pair_b(wa4[w]), f16_pair_b(wb4[w]), xv[w].x, xv[w].y);
+      mma_f16(d, f16_pair_c(wa4[w]), f16_pair_c(wb4[w]), f16_pair_d(wa4[w]), f16_pair_d(wb4[w]), xv[w].z, xv[w].w);
+      acc[w % 2][0] = fmaf(sca[w], d[0], acc[w % 2][0]);
+      acc[w % 2][1] = fmaf(scb[w], d[2], acc[w % 2][1]);
+    }
+  };
+  // Two chunks per iteration, so the token double buffer's index is a constant.
+  uint4 xs[2][4];
+  load_x(0, xs[0]);
+  for (int i = 0; i < my_chunks; i += 2) {
+    load_x(i + 1, xs[1]);
+    chunk(i, xs[0]);
+    if (i + 1 < my_chunks) {
+      load_x(i + 2, xs[0]);
+      chunk(i + 1, xs[1]);
+    }
+  }
+  cp_async_wait<0>();
+  float ya = acc[0][0] + acc[1][0], yb = acc[0][1] + acc[1][1];
+  if constexpr (kSplitK > 1) {
+    partial[warp][lane] = make_float2(ya, yb);
+    __syncthreads();
+    if (kpart == 0)
+      for (int q = 1; q < kSplitK; ++q) {
+        ya += partial[warp + q][lane].x;
+        yb += partial[warp + q][lane].y;
+      }
+  }
+  if (kpart == 0 && t == 0) {
+    if (row0 + g < n) out[int64_t(blockIdx.y) * n + row0 + g] = ya;
+    if (row0 + g + 8 < n) out[int64_t(blockIdx.y) * n + row0 + g + 8] = yb;
+  }
+}
+
 // ---- host: the layout ----
 // Code at k of a row (checkpoint: byte k/2, low nibble for even k).
 inline uint32_t code_at(const uint8_t* row, int kk) { return (row[kk / 2] >> (4 * (kk % 2))) & 0xFu; }
@@ -258,11 +387,103 @@ void pack_row(const uint8_t* src, uint8_t* dst, int k) {
     }
   }
 }
+
+// Where pair p's low code (its first k) and high code keep their magnitude (3 bits, mantissa bit
+// lowest) and sign in a FP16-form word (f16_pair_a..d undo exactly this).
+struct F16Place {
+  int mag_lo, sign_lo, mag_hi, sign_hi;
+};
+constexpr F16Place kF16Place[4] = {{9, 15, 25, 31}, {12, 18, 28, 2}, {3, 0, 19, 16}, {6, 1, 22, 17}};
+
+// One row of K codes in the FP16 layout: chunks * 64 bytes, blocks past K zero.
+void pack_row_f16(const uint8_t* src, uint8_t* dst, int k) {
+  const int nblk = k / 32, chunks = (nblk + 3) / 4;
+  std::memset(dst, 0, size_t(chunks) * 64);
+  for (int b = 0; b < nblk; ++b)
+    for (int t = 0; t < 4; ++t) {
+      const int first[4] = {2 * t, 2 * t + 8, 16 + 2 * t, 24 + 2 * t};
+      uint32_t word = 0;
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t lo = code_at(src, 32 * b + first[p]), hi = code_at(src, 32 * b + first[p] + 1);
+        const F16Place& at = kF16Place[p];
+        word |= (lo & 7u) << at.mag_lo | (lo >> 3) << at.sign_lo | (hi & 7u) << at.mag_hi | (hi >> 3) << at.sign_hi;
+      }
+      std::memcpy(dst + (b / 4) * 64 + t * 16 + (b % 4) * 4, &word, 4);
+    }
+}
+
+// The token (bf16) as the FP16 form's x16 (fp16 pairs in the mma's order), zero past K.
+std::vector<uint32_t> token_f16(const std::vector<uint16_t>& x, int k) {
+  const int nblk = k / 32, chunks = (nblk + 3) / 4;
+  std::vector<uint32_t> out(size_t(chunks) * 4 * 16, 0);
+  auto half_bits = [&](int kk) -> uint32_t {
+    const __half h = __float2half_rn(kk < k ? bf(x[size_t(kk)]) : 0.0f);
+    return uint32_t(__half_as_ushort(h));
+  };
+  auto pair = [&](int kk) { return half_bits(kk) | half_bits(kk + 1) << 16; };
+  for (int c = 0; c < chunks; ++c)
+    for (int t = 0; t < 4; ++t)
+      for (int w = 0; w < 4; ++w) {
+        const int base = 32 * (4 * c + w);
+        uint32_t* at = &out[(size_t(4 * c + t) * 4 + w) * 4];
+        at[0] = pair(base + 2 * t);
+        at[1] = pair(base + 2 * t + 8);
+        at[2] = pair(base + 16 + 2 * t);
+        at[3] = pair(base + 24 + 2 * t);
+      }
+  return out;
+}
+
+// An IEEE half's value.
+inline double half_value(uint32_t bits) {
+  const int sign = (bits >> 15) & 1, exponent = (bits >> 10) & 31, mantissa = bits & 1023;
+  const double magnitude = exponent == 0 ? std::ldexp(double(mantissa), -24)
+                                         : std::ldexp(1.0 + double(mantissa) / 1024.0, exponent - 15);
+  return sign ? -magnitude : magnitude;
+}
+
+// The FP16 form's arithmetic on the CPU, fragment by fragment as f16_m1 does it (lane quad t,
+// block w, the two steps' A pairs against the x16 pairs of the same k), for `rows` rows: the
+// layout's bits must give exactly the reference's products.
+double emulate_f16_rows(const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales,
+                        const std::vector<uint16_t>& x, int k, int rows, double* worst_rel) {
+  const int nblk = k / 32, chunks = (nblk + 3) / 4;
+  const std::vector<uint32_t> x16 = token_f16(x, k);
+  std::vector<uint8_t> packed(size_t(chunks) * 64);
+  double e2 = 0, n2 = 0;
+  *worst_rel = 0;
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* row = &codes[size_t(r) * size_t(k / 2)];
+    pack_row_f16(row, packed.data(), k);
+    double got = 0, want = 0;
+    for (int b = 0; b < nblk; ++b) {
+      const double scale = std::ldexp(1.0, int(scales[size_t(r) * nblk + b]) - 113);  // f16_m1's table
+      double block = 0;
+      for (int t = 0; t < 4; ++t) {
+        uint32_t word;
+        std::memcpy(&word, &packed[size_t(b / 4) * 64 + t * 16 + (b % 4) * 4], 4);
+        const uint32_t pairs[4] = {f16_pair_a(word), f16_pair_b(word), f16_pair_c(word), f16_pair_d(word)};
+        const uint32_t* xs = &x16[(size_t(4 * (b / 4) + t) * 4 + b % 4) * 4];
+        for (int p = 0; p < 4; ++p)
+          block += half_value(pairs[p] & 0xFFFFu) * half_value(xs[p] & 0xFFFFu) +
+                   half_value(pairs[p] >> 16) * half_value(xs[p] >> 16);
+      }
+      got += scale * block;
+      for (int kk = 32 * b; kk < 32 * b + 32; ++kk)
+        want += double(kFp4[code_at(row, kk)]) * std::ldexp(1.0, int(scales[size_t(r) * nblk + b]) - 127) *
+                double(bf(x[size_t(kk)]));
+    }
+    e2 += (got - want) * (got - want);
+    n2 += want * want;
+    *worst_rel = std::max(*worst_rel, std::fabs(got - want) / std::max(1e-30, std::fabs(want)));
+  }
+  return std::sqrt(e2 / n2);
+}
 }  // namespace probe
 
 using namespace anvil::cuda;
 
-static bool g_old_only = false, g_fp8 = false;
+static bool g_old_only = false, g_fp8 = false, g_f16 = false;
 constexpr int kPool = 48, kSets = 12, kActive = 4, kRounds = 10;
 
 // Microseconds per launch: a graph of kRounds x kSets launches, one expert set after another.
@@ -292,6 +513,21 @@ static void run_new(const char* label, const uint8_t* blocks, const uint8_t* sca
               kMinBlocks, attr.numRegs, us, bytes / us * 1e-3);
 }
 
+template <int kSplitK, int kStages, int kMinBlocks>
+static void run_f16(const char* label, const uint8_t* blocks, const uint8_t* scales, int n, int k, int* const* sets,
+                    const uint4* x16, float* out, cudaStream_t s, double bytes) {
+  constexpr auto kernel = probe::f16_m1<kSplitK, kStages, kMinBlocks>;
+  const int chunks = (k / 32 + 3) / 4;
+  const size_t smem = size_t(probe::kWarps) * 16 * 4 * chunks * sizeof(float);
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned(n / (16 * probe::kWarps / kSplitK)), kActive);
+  cudaFuncAttributes attr;
+  CK(cudaFuncGetAttributes(&attr, kernel));
+  const double us = time_us([&](int set) { kernel<<<grid, 128, smem, s>>>(blocks, scales, n, k, sets[set], x16, out); }, s);
+  std::printf("PERF %-8s f16 split=%d stages=%d minb=%d regs=%3d  %7.2f us  %6.0f GB/s\n", label, kSplitK, kStages,
+              kMinBlocks, attr.numRegs, us, bytes / us * 1e-3);
+}
+
 template <int kSplitK, bool kGateUp>
 static void run_old(const char* label, const uint8_t* blocks, const uint8_t* scales, int n, int k,
                     const moe::Routing* routings, const uint16_t* x, uint16_t* act, float* out, cudaStream_t s,
@@ -316,6 +552,75 @@ static void run_old(const char* label, const uint8_t* blocks, const uint8_t* sca
       },
       s);
   std::printf("PERF %-8s present split=%d  %7.2f us  %6.0f GB/s\n", label, kSplitK, us, bytes / us * 1e-3);
+}
+
+// The FP16 form: its layout, a check on one expert set against a double reference (codes,
+// scales and the bf16 token as given), then timings.
+template <int kSplitK>
+static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>& codes,
+                     const std::vector<uint8_t>& scales, const std::vector<uint16_t>& x, const std::vector<int>& check_ids,
+                     int* const* sets, cudaStream_t s, double bytes) {
+  const size_t row_bytes = size_t(k) / 2, nblk = size_t(k) / 32, chunks = (nblk + 3) / 4;
+  const size_t rows = size_t(kPool) * n, packed_row = chunks * 64;
+  std::vector<uint8_t> packed(rows * packed_row);
+  {
+    std::vector<std::thread> pool;
+    const int threads = std::max(1u, std::thread::hardware_concurrency());
+    for (int th = 0; th < threads; ++th)
+      pool.emplace_back([&, th] {
+        for (size_t r = size_t(th); r < rows; r += size_t(threads))
+          probe::pack_row_f16(&codes[r * row_bytes], &packed[r * packed_row], k);
+      });
+    for (auto& p : pool) p.join();
+  }
+  const std::vector<uint32_t> x16 = probe::token_f16(x, k);
+  uint8_t *d_packed, *d_scales;
+  uint4* d_x16;
+  float* d_out;
+  CK(cudaMalloc(&d_packed, packed.size() + 256));
+  CK(cudaMalloc(&d_scales, scales.size() + 256));
+  CK(cudaMalloc(&d_x16, x16.size() * 4 + 256));
+  CK(cudaMalloc(&d_out, size_t(kActive) * n * 4));
+  CK(cudaMemcpy(d_packed, packed.data(), packed.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_scales, scales.data(), scales.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_x16, x16.data(), x16.size() * 4, cudaMemcpyHostToDevice));
+  {
+    constexpr auto kernel = probe::f16_m1<kSplitK, 8, 3>;
+    const size_t smem = size_t(probe::kWarps) * 16 * 4 * chunks * sizeof(float);
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CK(cudaMemset(d_out, 0xff, size_t(kActive) * n * 4));
+    kernel<<<dim3(unsigned(n / (16 * probe::kWarps / kSplitK)), kActive), 128, smem, s>>>(d_packed, d_scales, n, k,
+                                                                                           sets[0], d_x16, d_out);
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> got(size_t(kActive) * n);
+    CK(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
+    double e2 = 0, n2 = 0, worst = 0;
+    for (int j = 0; j < kActive; ++j)
+      for (int r = 0; r < n; ++r) {
+        const size_t row = size_t(check_ids[size_t(j)]) * n + r;
+        double want = 0;
+        for (int kk = 0; kk < k; ++kk)
+          want += double(kFp4[probe::code_at(&codes[row * row_bytes], kk)]) *
+                  std::ldexp(1.0, int(scales[row * nblk + kk / 32]) - 127) * double(bf(x[size_t(kk)]));
+        const double d = double(got[size_t(j) * n + r]) - want;
+        e2 += d * d;
+        n2 += want * want;
+        worst = std::max(worst, std::fabs(d));
+      }
+    // fp16 keeps every bf16 token value here except those under 2^-14 (subnormal in fp16).
+    std::printf("CHECK %-8s f16 form vs double: rel rms %.3e, max |d| %.3e%s\n", label, std::sqrt(e2 / n2), worst,
+                std::sqrt(e2 / n2) < 1e-4 ? "" : "  FAIL");
+  }
+  run_f16<kSplitK, 8, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK, 8, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK, 6, 4>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK, 12, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK * 2, 8, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK * 2, 6, 4>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  cudaFree(d_packed);
+  cudaFree(d_scales);
+  cudaFree(d_x16);
+  cudaFree(d_out);
 }
 
 template <int kSplitK>
@@ -419,6 +724,7 @@ static void case_run(const char* label, int n, int k, bool gate_up) {
     run_old<kSplitK, true>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
   else
     run_old<kSplitK, false>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
+  if (g_f16) f16_case<kSplitK>(label, n, k, codes, scales, x, set_ids[0], sets.data(), s, bytes);
   if (g_old_only || !g_fp8) return;
   run_new<kSplitK, 8, 3>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
   run_new<kSplitK, 8, 4>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
@@ -475,12 +781,29 @@ static void copy_case(int n, int k) {
 
 int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "both";
+  if (which == "emulate") {  // no GPU needed: the FP16 form's layout against the reference
+    for (const int k : {2880, 64, 96}) {
+      Rng rng{uint64_t(k)};
+      const int rows = 64;
+      std::vector<uint8_t> codes(size_t(rows) * k / 2), scales(size_t(rows) * k / 32);
+      for (auto& v : codes) v = uint8_t(rng.next());
+      for (auto& v : scales) v = uint8_t(100 + rng.next() % 40);
+      std::vector<uint16_t> x(static_cast<size_t>(k));
+      for (auto& v : x) v = tobf(rng.uniform() * std::exp2(float(int(rng.next() % 12)) - 8.0f));
+      double worst = 0;
+      const double rms = probe::emulate_f16_rows(codes, scales, x, k, rows, &worst);
+      std::printf("EMULATE f16 form k=%d: rel rms %.3e, worst row rel %.3e%s\n", k, rms, worst,
+                  rms < 1e-4 ? "" : "  FAIL");
+    }
+    return 0;
+  }
   if (which == "copy") {
     copy_case(5760, 2880);
     copy_case(2880, 2880);
     return 0;
   }
   g_fp8 = argc > 2 && std::string(argv[2]) == "fp8";
+  g_f16 = argc > 2 && std::string(argv[2]) == "f16";
   if (which == "old") {  // the present kernel alone, for a profiler
     g_old_only = true;
     case_run<1>("gate_up", 5760, 2880, true);
