@@ -17,7 +17,7 @@
 // low two bits and its top mantissa bit, and whose sign sits in the sign bit, is the code's value
 // times 2^-14 exactly, subnormals included (bf16's wider exponent makes the same placement
 // 2^-126, too small for the products), so a weight pair needs only masks and shifts (11 ops per
-// word of 8 codes in the layout below, against ~17 plus the scale's HMUL2 for bf16), and each
+// word of 8 codes in the layout below, against ~17 with the scale's HMUL2 for bf16), and each
 // 32-value block's scale (times 2^14) multiplies the two mma results of its block. The token is
 // fp16 in the mma's pair order (what its producer would write), so no byte permutes either.
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a
