@@ -57,9 +57,10 @@ RequestParams make_params(const GenerationOptions& options, const ServedModel& m
   params.min_tokens = std::min(options.min_tokens, max_tokens);
   params.ignore_eos = options.ignore_eos;
   params.eos_token_ids = model.eos_ids;
-  // ignore_eos also passes the chat format's end-of-turn ids (<|im_end|>, <|return|>): they are
-  // what a model's generation_config lists as EOS, which vLLM's ignore_eos passes too, and a
-  // benchmark asking for N tokens must get N. Ids the client names still stop.
+  // ignore_eos also passes the chat format's end-of-turn ids, so a request (a benchmark's) for N
+  // tokens gets N. vLLM does so for ChatML's <|im_end|> (Qwen's generation_config lists it as EOS)
+  // but keeps harmony's <|return|> and <|call|> as stop ids; llama.cpp never samples any
+  // end-of-generation token then. One rule for both formats here. Ids the client names still stop.
   if (!options.ignore_eos) params.stop_token_ids = format_stop_ids;
   for (const int32_t id : options.stop_token_ids)
     if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), id) == params.stop_token_ids.end())
