@@ -16,10 +16,11 @@
 // The FP16 form (session 16): an E2M1 code whose three magnitude bits sit in an fp16's exponent's
 // low two bits and its top mantissa bit, and whose sign sits in the sign bit, is the code's value
 // times 2^-14 exactly, subnormals included (bf16's wider exponent makes the same placement
-// 2^-126, too small for the products), so a weight pair needs only masks and shifts (11 ops per
-// word of 8 codes in the layout below, against ~17 with the scale's HMUL2 for bf16), and each
-// 32-value block's scale (times 2^14) multiplies the two mma results of its block. The token is
-// fp16 in the mma's pair order (what its producer would write), so no byte permutes either.
+// 2^-126, too small for the products, hence the present kernel's HMUL2 per pair). So a word of 8
+// codes decodes in 11 masks and shifts (5 rotations, 6 LOP3: the same optimum as the bf16 layout,
+// by exhaustive search) and no HMUL2, and each 32-value block's scale (times 2^14) multiplies the
+// two mma results of its block in one FFMA per row. The token is fp16 in the mma's pair order
+// (what its producer would write), so the two byte permutes per step go too.
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a
 //   --expt-relaxed-constexpr -Isrc tools/cuda-harness/moe_probe.cu -o moe_probe
 #include <cuda_fp16.h>
