@@ -20,6 +20,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/fp8_layout.h"
+#include "backend/cuda/gemv_pairs.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/rope.cuh"
 
@@ -159,13 +160,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
   const int g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(blockIdx.x) * 16;
   // Rows past the end read the last row (harmless, never stored).
-  // The paired epilogues' blocks take 8 rows from first_row on and their partners partner_offset
-  // further: kSiluMul's gate rows and up rows (out / 2 is a multiple of 8), kRope's 8 pairs of a
-  // head (head_dim / 2 is a multiple of 8, so a head is head_dim / 16 blocks).
-  const int rope_head = kRope ? int(blockIdx.x) / (rope.head_dim / 16) : 0;
-  const int rope_pair0 = kRope ? int(blockIdx.x) % (rope.head_dim / 16) * 8 : 0;
-  const int64_t first_row = kSiluMul ? int64_t(blockIdx.x) * 8 : int64_t(rope_head) * rope.head_dim + rope_pair0;
-  const int64_t partner_offset = kSiluMul ? out / 2 : rope.head_dim / 2;
+  // The paired epilogues' rows (gemv_pairs.h).
+  const RopeBlock rope_at = kRope ? rope_block(int(blockIdx.x), rope.head_dim) : RopeBlock{0, 0};
+  const PairedRows paired = kSiluMul ? silu_mul_rows(blockIdx.x, out)
+                            : kRope  ? rope_rows(rope_at, rope.head_dim)
+                                     : PairedRows{0, 0};
+  const int64_t first_row = paired.first_row, partner_offset = paired.partner_offset;
   const int64_t row_a = kSiluMul || kRope ? first_row + g : min(row0 + g, int64_t(out) - 1);
   const int64_t row_b = kSiluMul || kRope ? first_row + g + partner_offset : min(row0 + g + 8, int64_t(out) - 1);
   const Weight* wa = weight + row_a * in + t * F::kLaneK;
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
           const float value = first / (1.0f + expf(-first)) * second;  // as silu_mul_to_bf16
           y_bf16[int64_t(token) * (out / 2) + row_first] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
         } else {
-          rope_cache_store(rope, token, rope_head, rope_pair0 + l / 4, first, second);
+          rope_cache_store(rope, token, rope_at.head, rope_at.pair0 + l / 4, first, second);
         }
       }
     }
