@@ -487,6 +487,42 @@ using namespace anvil::cuda;
 static bool g_old_only = false, g_fp8 = false, g_f16 = false;
 constexpr int kPool = 48, kSets = 12, kActive = 4, kRounds = 10;
 
+// Packs (or otherwise handles) rows 0..rows-1 on every host core.
+template <typename PerRow>
+static void for_rows_in_parallel(size_t rows, PerRow per_row) {
+  std::vector<std::thread> pool;
+  const size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  for (size_t th = 0; th < threads; ++th)
+    pool.emplace_back([&, th] {
+      for (size_t r = th; r < rows; r += threads) per_row(r);
+    });
+  for (auto& p : pool) p.join();
+}
+
+// A kernel's outputs for the experts `ids` (kActive rows of n) against a double reference from
+// the checkpoint codes, E8M0 scales and the bf16 token; prints the relative RMS error.
+static void check_against_double(const char* label, const char* form, const std::vector<float>& got, int n, int k,
+                                 const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales,
+                                 const std::vector<uint16_t>& x, const std::vector<int>& ids, double bound) {
+  const size_t row_bytes = size_t(k) / 2, nblk = size_t(k) / 32;
+  double e2 = 0, n2 = 0, worst = 0;
+  for (int j = 0; j < kActive; ++j)
+    for (int r = 0; r < n; ++r) {
+      const size_t row = size_t(ids[size_t(j)]) * n + r;
+      double want = 0;
+      for (int kk = 0; kk < k; ++kk)
+        want += double(kFp4[probe::code_at(&codes[row * row_bytes], kk)]) *
+                std::ldexp(1.0, int(scales[row * nblk + kk / 32]) - 127) * double(bf(x[size_t(kk)]));
+      const double d = double(got[size_t(j) * n + r]) - want;
+      e2 += d * d;
+      n2 += want * want;
+      worst = std::max(worst, std::fabs(d));
+    }
+  const double rms = std::sqrt(e2 / n2);
+  std::printf("CHECK %-8s %s form vs double: rel rms %.3e, max |d| %.3e%s\n", label, form, rms, worst,
+              rms < bound ? "" : "  FAIL");
+}
+
 // Microseconds per launch: a graph of kRounds x kSets launches, one expert set after another.
 template <typename Launch>
 static double time_us(Launch launch, cudaStream_t s) {
@@ -564,16 +600,7 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
   const size_t row_bytes = size_t(k) / 2, nblk = size_t(k) / 32, chunks = (nblk + 3) / 4;
   const size_t rows = size_t(kPool) * n, packed_row = chunks * 64;
   std::vector<uint8_t> packed(rows * packed_row);
-  {
-    std::vector<std::thread> pool;
-    const int threads = std::max(1u, std::thread::hardware_concurrency());
-    for (int th = 0; th < threads; ++th)
-      pool.emplace_back([&, th] {
-        for (size_t r = size_t(th); r < rows; r += size_t(threads))
-          probe::pack_row_f16(&codes[r * row_bytes], &packed[r * packed_row], k);
-      });
-    for (auto& p : pool) p.join();
-  }
+  for_rows_in_parallel(rows, [&](size_t r) { probe::pack_row_f16(&codes[r * row_bytes], &packed[r * packed_row], k); });
   const std::vector<uint32_t> x16 = probe::token_f16(x, k);
   uint8_t *d_packed, *d_scales;
   uint4* d_x16;
@@ -595,22 +622,8 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
     CK(cudaStreamSynchronize(s));
     std::vector<float> got(size_t(kActive) * n);
     CK(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
-    double e2 = 0, n2 = 0, worst = 0;
-    for (int j = 0; j < kActive; ++j)
-      for (int r = 0; r < n; ++r) {
-        const size_t row = size_t(check_ids[size_t(j)]) * n + r;
-        double want = 0;
-        for (int kk = 0; kk < k; ++kk)
-          want += double(kFp4[probe::code_at(&codes[row * row_bytes], kk)]) *
-                  std::ldexp(1.0, int(scales[row * nblk + kk / 32]) - 127) * double(bf(x[size_t(kk)]));
-        const double d = double(got[size_t(j) * n + r]) - want;
-        e2 += d * d;
-        n2 += want * want;
-        worst = std::max(worst, std::fabs(d));
-      }
     // fp16 keeps every bf16 token value here except those under 2^-14 (subnormal in fp16).
-    std::printf("CHECK %-8s f16 form vs double: rel rms %.3e, max |d| %.3e%s\n", label, std::sqrt(e2 / n2), worst,
-                std::sqrt(e2 / n2) < 1e-4 ? "" : "  FAIL");
+    check_against_double(label, "f16", got, n, k, codes, scales, x, check_ids, 1e-4);
   }
   run_f16<kSplitK, 8, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
   run_f16<kSplitK, 8, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
@@ -635,17 +648,8 @@ static void case_run(const char* label, int n, int k, bool gate_up) {
     std::memcpy(&codes[i], &v, std::min<size_t>(8, code_bytes - i));
   }
   for (auto& v : scales) v = uint8_t(118 + rng.next() % 11);
-  {
-    std::vector<std::thread> pool;
-    const int threads = std::max(1u, std::thread::hardware_concurrency());
-    const int64_t rows = int64_t(kPool) * n;
-    for (int th = 0; th < threads; ++th)
-      pool.emplace_back([&, th] {
-        for (int64_t r = th; r < rows; r += threads)
-          probe::pack_row(&codes[size_t(r) * row_bytes], &packed[size_t(r) * row_bytes], k);
-      });
-    for (auto& p : pool) p.join();
-  }
+  for_rows_in_parallel(size_t(kPool) * n,
+                       [&](size_t r) { probe::pack_row(&codes[r * row_bytes], &packed[r * row_bytes], k); });
   std::vector<uint16_t> x(size_t(kActive) * k + 64, 0);  // down's old kernel reads a row per slot
   for (int i = 0; i < k; ++i) {
     const double u = double(int64_t(rng.next() >> 40) - (int64_t(1) << 23)) / double(1 << 23);
@@ -702,21 +706,7 @@ static void case_run(const char* label, int n, int k, bool gate_up) {
     CK(cudaStreamSynchronize(s));
     std::vector<float> got(size_t(kActive) * n);
     CK(cudaMemcpy(got.data(), d_check, got.size() * 4, cudaMemcpyDeviceToHost));
-    double e2 = 0, n2 = 0, worst = 0;
-    for (int j = 0; j < kActive; ++j)
-      for (int r = 0; r < n; ++r) {
-        const size_t row = size_t(set_ids[0][size_t(j)]) * n + r;
-        double want = 0;
-        for (int kk = 0; kk < k; ++kk)
-          want += double(kFp4[probe::code_at(&codes[row * row_bytes], kk)]) *
-                  std::ldexp(1.0, int(scales[row * nblk + kk / 32]) - 127) * double(bf(x[size_t(kk)]));
-        const double d = double(got[size_t(j) * n + r]) - want;
-        e2 += d * d;
-        n2 += want * want;
-        worst = std::max(worst, std::fabs(d));
-      }
-    std::printf("CHECK %-8s fp8 form vs double: rel rms %.3e, max |d| %.3e%s\n", label, std::sqrt(e2 / n2), worst,
-                std::sqrt(e2 / n2) < 1e-5 ? "" : "  FAIL");
+    check_against_double(label, "fp8", got, n, k, codes, scales, x, set_ids[0], 1e-5);
     cudaFree(d_check);
   }
 
