@@ -261,6 +261,13 @@ class GptOss : public Model {
       const int group = kv_layout_.layer_group[size_t(l)];
       const int64_t slot = kv_layout_.layer_slot[size_t(l)];
 
+      if (exact) {
+        cuda::rms_norm_f32(x, rows, hidden, layer.input_norm, eps, h_f32, stream);
+        cuda::linear_f32_input(layer.qkv_proj, layer.qkv_bias, h_f32, rows, qkv_width, hidden, qkv, stream);
+      } else {
+        cuda::linear(layer.qkv_proj, layer.qkv_bias, h, rows, qkv_width, hidden, qkv, stream);
+      }
+      run.marks.record("norm + qkv");
       cuda::AttentionShape shape;
       shape.num_heads = c.num_heads;
       shape.num_kv_heads = c.num_kv_heads;
@@ -272,19 +279,10 @@ class GptOss : public Model {
       const cuda::KvLayerCache cache{storage.device_keys(slot), storage.device_values(slot), storage.shape().block_size,
                                      storage.shape().dtype};
       const cuda::AttentionBatch& view = run.step.groups[size_t(group)];
-      // RoPE on q and k, k and v straight into the cache: at decode in the qkv product's own
-      // launch, else through qkv.
-      if (exact) {
-        cuda::rms_norm_f32(x, rows, hidden, layer.input_norm, eps, h_f32, stream);
-        cuda::linear_f32_input(layer.qkv_proj, layer.qkv_bias, h_f32, rows, qkv_width, hidden, qkv, stream);
-        run.marks.record("norm + qkv");
-        cuda::split_qkv_rope_to_cache(qkv, view, shape, run.step.positions, g.inv_freq, rope_.attention_scale(), q,
-                                      cache, stream);
-      } else {
-        cuda::linear_rope_to_cache(layer.qkv_proj, layer.qkv_bias, h, hidden, view, shape, run.step.positions, g.inv_freq,
-                                   rope_.attention_scale(), qkv, q, cache, stream);
-      }
-      run.marks.record("qkv + rope + kv write");
+      // RoPE on q and k, k and v straight into the cache.
+      cuda::split_qkv_rope_to_cache(qkv, view, shape, run.step.positions, g.inv_freq, rope_.attention_scale(), q,
+                                    cache, stream);
+      run.marks.record("rope + kv write");
       if (exact) {
         cuda::paged_attention(view, shape, q, cache, attn_f32, attention_workspace, attention_bytes, stream);
         run.marks.record(shape.sliding_window ? "attention (sliding)" : "attention (full)");

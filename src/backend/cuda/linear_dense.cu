@@ -9,20 +9,16 @@
 // block (fits SM120's 99 KB), tile sizes picked so the grid still fills the GPU. The row scale of
 // FP8 weights is applied to the fp32 result, so both formats share the kernels.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
 
-#include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/cublaslt.h"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/fp8_layout.h"
-#include "backend/cuda/gemv_pairs.h"
 #include "backend/cuda/ops.h"
-#include "backend/cuda/rope.cuh"
 
 namespace anvil::cuda {
 
@@ -82,75 +78,17 @@ struct GemvFormat {
   static constexpr int kDepth = kFp8 && kTokenTiles >= 4 ? 2 : kGemvDepth<kTokenTiles>;
 };
 
-// What the GEMV does with its sums. Both fused forms pair a block's rows so that every lane holds
-// the two values its epilogue combines, and leave the sums the plain kernel's, row for row:
-// - SiluMul (a gate_up matrix: `out` rows, gate rows first, then as many up rows): a block takes
-//   8 gate rows and their 8 up rows, and writes silu(gate) · up in bf16 to y_bf16 [m, out / 2];
-// - RopeCache (a fused qkv matrix: q heads, k heads, v heads of head_dim rows): a block takes 8
-//   rows i of one head and their partners i + head_dim / 2, rotates q and k as
-//   split_qkv_rope_to_cache does, and stores q to `rope.q`, k and v into the KV cache.
-enum class GemvEpilogue { Store, SiluMul, RopeCache };
-
-// Where the RopeCache epilogue puts its values (split_qkv_rope_to_cache's arguments).
-struct RopeCacheTarget {
-  AttentionBatch batch;
-  int heads = 0, kv_heads = 0, head_dim = 0;
-  const int32_t* positions = nullptr;
-  const float* inv_freq = nullptr;
-  float mscale = 1.0f;
-  float* q = nullptr;
-  KvLayerCache cache;
-};
-
-// One rotated (or, for v, copied) pair of the RopeCache epilogue: element `pair` and
-// `pair + head_dim / 2` of `head` for `token`.
-__device__ __forceinline__ void rope_cache_store(const RopeCacheTarget& r, int token, int head, int pair, float x0,
-                                                 float x1) {
-  const int half = r.head_dim / 2;
-  if (head < r.heads) {
-    const RopeTurn turn = rope_turn(float(r.positions[token]), r.inv_freq[pair], r.mscale);
-    float* out = r.q + (int64_t(token) * r.heads + head) * r.head_dim + pair;
-    out[0] = rope_first(x0, x1, turn);
-    out[half] = rope_second(x0, x1, turn);
-    return;
-  }
-  const int seq = r.batch.row_sequence[token], pos = r.batch.row_position[token];
-  const int block = r.batch.block_tables[int64_t(seq) * r.batch.max_blocks + pos / r.cache.block_size];
-  if (block < 0) return;  // as split_qkv_rope_to_cache: a bad table never scribbles
-  const int64_t slot = (int64_t(block) * r.cache.block_size + pos % r.cache.block_size) * r.kv_heads * r.head_dim;
-  const bool key = head < r.heads + r.kv_heads;
-  if (key) {
-    const RopeTurn turn = rope_turn(float(r.positions[token]), r.inv_freq[pair], r.mscale);
-    const float r0 = rope_first(x0, x1, turn), r1 = rope_second(x0, x1, turn);
-    x0 = r0;
-    x1 = r1;
-  }
-  void* base = key ? r.cache.keys : r.cache.values;
-  const int64_t at = slot + int64_t(head - r.heads - (key ? 0 : r.kv_heads)) * r.head_dim + pair;
-  switch (r.cache.dtype) {
-    case KvDtype::BF16:
-      attn::store_kv<KvDtype::BF16>(base, at, x0);
-      attn::store_kv<KvDtype::BF16>(base, at + half, x1);
-      break;
-    case KvDtype::FP8_E4M3:
-      attn::store_kv<KvDtype::FP8_E4M3>(base, at, x0);
-      attn::store_kv<KvDtype::FP8_E4M3>(base, at + half, x1);
-      break;
-    case KvDtype::F32:
-      attn::store_kv<KvDtype::F32>(base, at, x0);
-      attn::store_kv<KvDtype::F32>(base, at + half, x1);
-      break;
-  }
-}
-
 // Two blocks (16 warps) per SM keep enough loads in flight; the 128-register cap that implies is
 // met without spills.
-template <int kTokenTiles, int kGemvWarps, bool kFp8, GemvEpilogue kEpilogue = GemvEpilogue::Store>
+// kSiluMul (a gate_up matrix: `out` rows, gate rows first, then as many up rows): a block takes
+// 8 gate rows and their 8 up rows as its 16, so every lane holds both halves of its features and
+// the epilogue writes silu(gate) · up in bf16 to y_bf16 [m, out / 2] instead of y; the sums are
+// the plain kernel's, row for row.
+template <int kTokenTiles, int kGemvWarps, bool kFp8, bool kSiluMul = false>
 __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
     gemv_kernel(const void* __restrict__ weight_bytes, const float* __restrict__ row_scales,
                 const float* __restrict__ bias, const uint16_t* __restrict__ x, int m, int out, int in,
-                float* __restrict__ y, bool accumulate, uint16_t* __restrict__ y_bf16, RopeCacheTarget rope) {
-  constexpr bool kSiluMul = kEpilogue == GemvEpilogue::SiluMul, kRope = kEpilogue == GemvEpilogue::RopeCache;
+                float* __restrict__ y, bool accumulate, uint16_t* __restrict__ y_bf16) {
   using F = GemvFormat<kFp8, kTokenTiles>;
   constexpr int kDepth = F::kDepth;
   // Weight offsets count elements: 16 bytes are kLaneK of them.
@@ -160,14 +98,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
   const int g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(blockIdx.x) * 16;
   // Rows past the end read the last row (harmless, never stored).
-  // The paired epilogues' rows (gemv_pairs.h).
-  const RopeBlock rope_at = kRope ? rope_block(int(blockIdx.x), rope.head_dim) : RopeBlock{0, 0};
-  const PairedRows paired = kSiluMul ? silu_mul_rows(blockIdx.x, out)
-                            : kRope  ? rope_rows(rope_at, rope.head_dim)
-                                     : PairedRows{0, 0};
-  const int64_t first_row = paired.first_row, partner_offset = paired.partner_offset;
-  const int64_t row_a = kSiluMul || kRope ? first_row + g : min(row0 + g, int64_t(out) - 1);
-  const int64_t row_b = kSiluMul || kRope ? first_row + g + partner_offset : min(row0 + g + 8, int64_t(out) - 1);
+  const int64_t feature0 = int64_t(blockIdx.x) * 8;  // kSiluMul: out / 2 is a multiple of 8
+  const int64_t row_a = kSiluMul ? feature0 + g : min(row0 + g, int64_t(out) - 1);
+  const int64_t row_b = kSiluMul ? out / 2 + feature0 + g : min(row0 + g + 8, int64_t(out) - 1);
   const Weight* wa = weight + row_a * in + t * F::kLaneK;
   const Weight* wb = weight + row_b * in + t * F::kLaneK;
   const uint16_t* xr[kTokenTiles];
@@ -250,32 +183,28 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
     partial[warp][n][lane] = make_float4(acc[0][n][0], acc[0][n][1], acc[0][n][2], acc[0][n][3]);
   __syncthreads();
   const float* flat = &partial[0][0][0].x;
-  if constexpr (kSiluMul || kRope) {
-    // Entry (n, lane l, element e) is row l / 4's value (the gate, or a rotated pair's first) for
-    // token 2 (l % 4) + e of tile n; element e + 2 is its partner row's (the up, or the second).
+  if constexpr (kSiluMul) {
+    // Entry (n, lane l, element e) of row g is the gate, element e + 2 (row g + 8) the up.
+    const int64_t width = out / 2;
     for (int i = threadIdx.x; i < kTokenTiles * 64; i += blockDim.x) {
       const int n = i / 64, l = (i / 2) % 32, e = i % 2, at = n * 128 + l * 4 + e;
-      float first = 0.0f, second = 0.0f;
+      float gate = 0.0f, up = 0.0f;
 #pragma unroll
       for (int w = 0; w < kGemvWarps; ++w) {
-        first += flat[w * kTokenTiles * 128 + at];
-        second += flat[w * kTokenTiles * 128 + at + 2];
+        gate += flat[w * kTokenTiles * 128 + at];
+        up += flat[w * kTokenTiles * 128 + at + 2];
       }
-      const int64_t row_first = first_row + l / 4, row_second = row_first + partner_offset;
+      const int64_t feature = feature0 + l / 4;
       const int token = n * 8 + 2 * (l % 4) + e;
       if (token < m) {
         if constexpr (kFp8) {
-          first *= row_scales[row_first];
-          second *= row_scales[row_second];
+          gate *= row_scales[feature];
+          up *= row_scales[width + feature];
         }
-        first += bias != nullptr ? bias[row_first] : 0.0f;
-        second += bias != nullptr ? bias[row_second] : 0.0f;
-        if constexpr (kSiluMul) {
-          const float value = first / (1.0f + expf(-first)) * second;  // as silu_mul_to_bf16
-          y_bf16[int64_t(token) * (out / 2) + row_first] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
-        } else {
-          rope_cache_store(rope, token, rope_at.head, rope_at.pair0 + l / 4, first, second);
-        }
+        gate += bias != nullptr ? bias[feature] : 0.0f;
+        up += bias != nullptr ? bias[width + feature] : 0.0f;
+        const float value = gate / (1.0f + expf(-gate)) * up;  // as silu_mul_to_bf16
+        y_bf16[int64_t(token) * width + feature] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
       }
     }
   } else {
@@ -518,26 +447,25 @@ struct Weights {
   bool fp8;
 };
 
-template <int kTokenTiles, bool kFp8, GemvEpilogue kEpilogue>
+template <int kTokenTiles, bool kFp8, bool kSiluMul>
 void launch_gemv_format(const Weights& w, const float* bias, const uint16_t* x, int m, int out, int in, float* y,
-                        bool accumulate, uint16_t* y_bf16, const RopeCacheTarget& rope, cudaStream_t stream) {
+                        bool accumulate, uint16_t* y_bf16, cudaStream_t stream) {
   const int64_t blocks = ceil_div(out, 16), sms = current_multiprocessors();
   if (blocks > 2 * sms && blocks <= 4 * sms) {
-    launch_chained(gemv_kernel<kTokenTiles, 4, kFp8, kEpilogue>, unsigned(blocks), 4 * 32, 0, stream, w.data,
-                   w.row_scales, bias, x, m, out, in, y, accumulate, y_bf16, rope);
+    launch_chained(gemv_kernel<kTokenTiles, 4, kFp8, kSiluMul>, unsigned(blocks), 4 * 32, 0, stream, w.data,
+                   w.row_scales, bias, x, m, out, in, y, accumulate, y_bf16);
   } else {
-    launch_chained(gemv_kernel<kTokenTiles, 8, kFp8, kEpilogue>, unsigned(blocks), 8 * 32, 0, stream, w.data,
-                   w.row_scales, bias, x, m, out, in, y, accumulate, y_bf16, rope);
+    launch_chained(gemv_kernel<kTokenTiles, 8, kFp8, kSiluMul>, unsigned(blocks), 8 * 32, 0, stream, w.data,
+                   w.row_scales, bias, x, m, out, in, y, accumulate, y_bf16);
   }
   ANVIL_CUDA_LAUNCHED();
 }
 
-template <int kTokenTiles, GemvEpilogue kEpilogue = GemvEpilogue::Store>
+template <int kTokenTiles, bool kSiluMul = false>
 void launch_gemv(const Weights& w, const float* bias, const uint16_t* x, int m, int out, int in, float* y,
-                 bool accumulate, cudaStream_t stream, uint16_t* y_bf16 = nullptr, const RopeCacheTarget& rope = {}) {
-  if (w.fp8)
-    return launch_gemv_format<kTokenTiles, true, kEpilogue>(w, bias, x, m, out, in, y, accumulate, y_bf16, rope, stream);
-  launch_gemv_format<kTokenTiles, false, kEpilogue>(w, bias, x, m, out, in, y, accumulate, y_bf16, rope, stream);
+                 bool accumulate, cudaStream_t stream, uint16_t* y_bf16 = nullptr) {
+  if (w.fp8) return launch_gemv_format<kTokenTiles, true, kSiluMul>(w, bias, x, m, out, in, y, accumulate, y_bf16, stream);
+  launch_gemv_format<kTokenTiles, false, kSiluMul>(w, bias, x, m, out, in, y, accumulate, y_bf16, stream);
 }
 
 template <int kBM, int kBN, int kWarpsM, int kWarpsN, int kStages, int kMinBlocks, bool kFp8>
@@ -679,53 +607,9 @@ void linear_silu_mul(const DenseWeight& gate_up, const uint16_t* x, int64_t m, i
   }
   const cudaStream_t s = as_stream(stream);
   const int mi = int(m), rows = int(2 * width), in = int(in_features);
-  constexpr auto kSiluMul = GemvEpilogue::SiluMul;
-  if (m <= 8) return launch_gemv<1, kSiluMul>(w, nullptr, x, mi, rows, in, nullptr, false, s, out);
-  if (m <= 16) return launch_gemv<2, kSiluMul>(w, nullptr, x, mi, rows, in, nullptr, false, s, out);
-  launch_gemv<4, kSiluMul>(w, nullptr, x, mi, rows, in, nullptr, false, s, out);
-}
-
-namespace {
-
-std::atomic<bool>& qkv_rope_fusion_choice() {
-  static std::atomic<bool> choice{[] {
-    const char* env = std::getenv("ANVIL_QKV_ROPE_FUSED");
-    return env != nullptr && std::string(env) == "1";
-  }()};
-  return choice;
-}
-
-}  // namespace
-
-void set_qkv_rope_fusion(bool fused) { qkv_rope_fusion_choice().store(fused); }
-
-void linear_rope_to_cache(const DenseWeight& qkv_proj, const float* bias, const uint16_t* x, int64_t in_features,
-                          const AttentionBatch& batch, const AttentionShape& shape, const int32_t* positions,
-                          const float* inv_freq, float mscale, float* qkv_scratch, float* q, const KvLayerCache& cache,
-                          Stream stream) {
-  const int64_t m = batch.num_rows;
-  if (m == 0) return;
-  const int64_t out = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim;
-  const Weights w = dense_weights(qkv_proj);
-  // Fused where linear runs the one-tile GEMV (so the sums are the two-step ones, bit for bit).
-  const bool fused = qkv_rope_fusion_choice().load() && w.data != nullptr && q != nullptr && m <= 8 && takes_gemv(w, x, m, in_features) &&
-                     shape.head_dim % 16 == 0 && out <= INT32_MAX && in_features <= INT32_MAX;
-  if (!fused) {
-    linear_impl("linear_rope_to_cache", w, bias, x, m, out, in_features, qkv_scratch, false, stream);
-    return split_qkv_rope_to_cache(qkv_scratch, batch, shape, positions, inv_freq, mscale, q, cache, stream);
-  }
-  RopeCacheTarget rope;
-  rope.batch = batch;
-  rope.heads = int(shape.num_heads);
-  rope.kv_heads = int(shape.num_kv_heads);
-  rope.head_dim = int(shape.head_dim);
-  rope.positions = positions;
-  rope.inv_freq = inv_freq;
-  rope.mscale = mscale;
-  rope.q = q;
-  rope.cache = cache;
-  launch_gemv<1, GemvEpilogue::RopeCache>(w, bias, x, int(m), int(out), int(in_features), nullptr, false,
-                                          as_stream(stream), nullptr, rope);
+  if (m <= 8) return launch_gemv<1, true>(w, nullptr, x, mi, rows, in, nullptr, false, s, out);
+  if (m <= 16) return launch_gemv<2, true>(w, nullptr, x, mi, rows, in, nullptr, false, s, out);
+  launch_gemv<4, true>(w, nullptr, x, mi, rows, in, nullptr, false, s, out);
 }
 
 }  // namespace anvil::cuda

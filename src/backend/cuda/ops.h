@@ -322,17 +322,6 @@ struct QkNorm {
 void split_qkv_rope_to_cache(const float* qkv, const AttentionBatch& batch, const AttentionShape& shape,
                              const int32_t* positions, const float* inv_freq, float mscale, float* q,
                              const KvLayerCache& cache, Stream stream, const QkNorm* qk_norm = nullptr);
-// linear(qkv_proj, bias) then split_qkv_rope_to_cache without a q/k norm (gpt-oss's decode).
-// Fused (set_qkv_rope_fusion(true), or ANVIL_QKV_ROPE_FUSED=1 at start): for up to 8 rows, where
-// linear runs its matrix-vector kernel, one launch whose blocks take rows i and i + head_dim / 2
-// of a head together and store the same values the two calls would. Otherwise, and by default
-// until the fused launch is measured on a GPU, the two calls through qkv_scratch (float32
-// [rows, (heads + 2 kv_heads) head_dim]).
-void linear_rope_to_cache(const DenseWeight& qkv_proj, const float* bias, const uint16_t* x, int64_t in_features,
-                          const AttentionBatch& batch, const AttentionShape& shape, const int32_t* positions,
-                          const float* inv_freq, float mscale, float* qkv_scratch, float* q, const KvLayerCache& cache,
-                          Stream stream);
-void set_qkv_rope_fusion(bool fused);
 
 // Causal attention of each row's query (float32 [rows, heads*head_dim]) over its sequence's
 // cached keys/values (the step's own tokens must already be written). Output [rows,

@@ -1,9 +1,9 @@
 #pragma once
-// One RoPE rotation, shared by every kernel that rotates q or k (ops.cu's rope kernels, the
-// cache-writing split in attention.cu, the qkv GEMV's epilogue in linear_dense.cu), so that fused
-// and unfused paths store the same bits. The products and sums are spelled out (no contraction
-// left to the compiler), and the angle is float32 with precise cos/sin as the reference computes
-// it: positions reach 10^5, where __cosf loses accuracy.
+// One RoPE rotation, shared by every kernel that rotates q or k (ops.cu's rope kernels and the
+// cache-writing split in attention.cu), so that fused and unfused paths store the same bits
+// (CudaFusedOps.RopeIntoCache* compare them). The products and sums are spelled out (no
+// contraction left to the compiler to choose per call site), and the angle is float32 with precise
+// cos/sin as the reference computes it: positions reach 10^5, where __cosf loses accuracy.
 #include <cuda_runtime.h>
 
 namespace anvil::cuda {
