@@ -6,7 +6,7 @@
 //   moe_probe old                  the present gate_up kernel alone, for ncu
 //   moe_probe copy                 the weight ring alone (cp.async, no arithmetic): 64-byte row
 //                                  pieces as stored against 1 KB pieces
-//   moe_probe both f16             also the FP16 form below (session 16, not yet run)
+//   moe_probe both f16             also the FP16 form below (session 16)
 // The FP8 form (session 15): a weight word decodes to two e5m2 registers in 5 ALU ops (a layout
 // made for it at load), the activation is two e4m3 terms (hi + lo, exact for bf16 within 2^-10
 // of the token's largest magnitude) in the mma's columns, and each 32-value block's scale
@@ -274,7 +274,11 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
 // blocks: rows of chunks * 64 bytes (pack_row_f16); scales: E8M0, nblk per row; x16: the token as
 // fp16 pairs, chunk c's lane quad t at x16[(4c + t) * 4 + w] = block w's {b0, b1} of step 0, then
 // of step 1. Scales up to 240 (real checkpoints stay near 127).
-template <int kSplitK, int kStages, int kMinBlocks>
+
+// kMode (session 18's split of the time): 0 the kernel; 1 its arithmetic alone (no weight copies:
+// the ring's stale bytes are decoded); 2 its copies alone (the ring read back and folded, no
+// decode or mma).
+template <int kSplitK, int kStages, int kMinBlocks, int kMode = 0>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     f16_m1(const uint8_t* blocks, const uint8_t* scales, int n, int k, const int* experts, const uint4* x16,
            float* out) {
@@ -282,35 +286,49 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kpart = warp % kSplitK;
   const int row0 = (blockIdx.x * (kWarps / kSplitK) + warp / kSplitK) * 16;
-  const int nblk = k / 32, chunks = (nblk + 3) / 4, row_bytes = chunks * 64, sstride = 4 * chunks;
+  const int nblk = k / 32, chunks = (nblk + 3) / 4, row_bytes = chunks * 64;
   const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
   const int row_a = min(row0 + g, n - 1), row_b = min(row0 + g + 8, n - 1);
   const uint8_t* wa = blocks + (int64_t(expert) * n + row_a) * row_bytes + t * 16;
   const uint8_t* wb = blocks + (int64_t(expert) * n + row_b) * row_bytes + t * 16;
   __shared__ uint4 ring[kWarps][kStages][2][32];
   __shared__ float2 partial[kWarps][32];
-  extern __shared__ __align__(16) float block_scales[];  // [kWarps][16][sstride]: 2^(s - 113)
-  float* wscale = block_scales + warp * 16 * sstride;
+  // [kWarps][16 rows][the warp's chunks][4 blocks]: 2^(s - 127)
+  extern __shared__ __align__(16) float block_scales[];
+  float* wscale = block_scales + warp * 16 * 4 * ((chunks + kSplitK - 1) / kSplitK);
 
   const uint32_t ring_lane = smem_u32(&ring[warp][0][0][lane]);
   auto issue = [&](int i) {
     const int c = kpart + i * kSplitK;
     const uint32_t dst = ring_lane + uint32_t((i % kStages) * 2 * 32 * 16);
     const bool ok = i < my_chunks;
-    cp_async_16(dst, ok ? wa + c * 64 : blocks, ok);
-    cp_async_16(dst + 512, ok ? wb + c * 64 : blocks, ok);
+    if constexpr (kMode != 1) {
+      cp_async_16(dst, ok ? wa + c * 64 : blocks, ok);
+      cp_async_16(dst + 512, ok ? wb + c * 64 : blocks, ok);
+    }
     cp_async_commit();
   };
   for (int j = 0; j < kStages - 1; ++j) issue(j);
   {
-    const uint8_t* sg = scales + (int64_t(expert) * n + min(row0, n - 16)) * nblk;
-    for (int r = 0; r < 16; ++r)
-      for (int b = lane; b < sstride; b += 32)
-        wscale[r * sstride + b] = b < nblk ? __uint_as_float((uint32_t(sg[r * nblk + b]) + 14u) << 23) : 0.0f;
+    // Scales as stored for this form: a row's E8M0 bytes padded to 4 per chunk (one 32-bit word
+    // per chunk, blocks past K zero). A warp widens only its own chunks' words, lane i taking row
+    // i % 16 of local chunk i / 16: my_chunks / 2 independent 4-byte loads per lane, no division.
+    const uint32_t* sg = reinterpret_cast<const uint32_t*>(scales) + (int64_t(expert) * n + row0) * chunks;
+    for (int i = lane; i < 16 * my_chunks; i += 32) {
+      const int r = i % 16, q = i / 16, c = kpart + q * kSplitK;
+      const uint32_t w = __ldg(sg + int64_t(min(r, n - 1 - row0)) * chunks + c);
+      // 2^(s - 127) from the exponent bits alone (the fp16 codes' 2^-14 is taken back at the end).
+      float4 f;
+      f.x = __uint_as_float((w << 23) & 0x7f800000u);
+      f.y = __uint_as_float((w << 15) & 0x7f800000u);
+      f.z = __uint_as_float((w << 7) & 0x7f800000u);
+      f.w = __uint_as_float((w >> 1) & 0x7f800000u);
+      *reinterpret_cast<float4*>(wscale + (r * my_chunks + q) * 4) = f;
+    }
   }
   __syncwarp();
-  const float* sa = wscale + g * sstride;
-  const float* sb = wscale + (g + 8) * sstride;
+  const float* sa = wscale + g * my_chunks * 4;
+  const float* sb = wscale + (g + 8) * my_chunks * 4;
   const uint4* xl = x16 + t * 4;
   auto load_x = [&](int i, uint4 (&dst)[4]) {
     const int c = kpart + i * kSplitK;
@@ -320,22 +338,27 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   };
 
   float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [block parity][row g, row g + 8]
+  uint32_t fold = 0;
   auto chunk = [&](int i, const uint4 (&xv)[4]) {
     issue(i + kStages - 1);
     cp_async_wait<kStages - 1>();
-    const int c = kpart + i * kSplitK, stage = i % kStages;
+    const int stage = i % kStages;
     const uint4 a4 = ring[warp][stage][0][lane], b4 = ring[warp][stage][1][lane];
-    const float4 fa = *reinterpret_cast<const float4*>(sa + 4 * c);
-    const float4 fb = *reinterpret_cast<const float4*>(sb + 4 * c);
+    const float4 fa = *reinterpret_cast<const float4*>(sa + 4 * i);
+    const float4 fb = *reinterpret_cast<const float4*>(sb + 4 * i);
     const uint32_t wa4[4] = {a4.x, a4.y, a4.z, a4.w}, wb4[4] = {b4.x, b4.y, b4.z, b4.w};
     const float sca[4] = {fa.x, fa.y, fa.z, fa.w}, scb[4] = {fb.x, fb.y, fb.z, fb.w};
+    if constexpr (kMode == 2) {
+      fold ^= a4.x ^ a4.y ^ a4.z ^ a4.w ^ b4.x ^ b4.y ^ b4.z ^ b4.w ^ xv[0].x ^ xv[3].w;
+    } else {
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_f16(d, f16_pair_a(wa4[w]), f16_pair_a(wb4[w]), f16_pair_b(wa4[w]), f16_pair_b(wb4[w]), xv[w].x, xv[w].y);
-      mma_f16(d, f16_pair_c(wa4[w]), f16_pair_c(wb4[w]), f16_pair_d(wa4[w]), f16_pair_d(wb4[w]), xv[w].z, xv[w].w);
-      acc[w % 2][0] = fmaf(sca[w], d[0], acc[w % 2][0]);
-      acc[w % 2][1] = fmaf(scb[w], d[2], acc[w % 2][1]);
+      for (int w = 0; w < 4; ++w) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_f16(d, f16_pair_a(wa4[w]), f16_pair_a(wb4[w]), f16_pair_b(wa4[w]), f16_pair_b(wb4[w]), xv[w].x, xv[w].y);
+        mma_f16(d, f16_pair_c(wa4[w]), f16_pair_c(wb4[w]), f16_pair_d(wa4[w]), f16_pair_d(wb4[w]), xv[w].z, xv[w].w);
+        acc[w % 2][0] = fmaf(sca[w], d[0], acc[w % 2][0]);
+        acc[w % 2][1] = fmaf(scb[w], d[2], acc[w % 2][1]);
+      }
     }
   };
   // Two chunks per iteration, so the token double buffer's index is a constant.
@@ -350,7 +373,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     }
   }
   cp_async_wait<0>();
-  float ya = acc[0][0] + acc[1][0], yb = acc[0][1] + acc[1][1];
+  float ya = (acc[0][0] + acc[1][0]) * 16384.0f, yb = (acc[0][1] + acc[1][1]) * 16384.0f;
+  if constexpr (kMode == 2) ya = __uint_as_float(fold & 0x3fffffffu);
   if constexpr (kSplitK > 1) {
     partial[warp][lane] = make_float2(ya, yb);
     __syncthreads();
@@ -550,19 +574,22 @@ static void run_new(const char* label, const uint8_t* blocks, const uint8_t* sca
               kMinBlocks, attr.numRegs, us, bytes / us * 1e-3);
 }
 
-template <int kSplitK, int kStages, int kMinBlocks>
+template <int kSplitK, int kStages, int kMinBlocks, int kMode = 0>
 static void run_f16(const char* label, const uint8_t* blocks, const uint8_t* scales, int n, int k, int* const* sets,
                     const uint4* x16, float* out, cudaStream_t s, double bytes) {
-  constexpr auto kernel = probe::f16_m1<kSplitK, kStages, kMinBlocks>;
+  constexpr auto kernel = probe::f16_m1<kSplitK, kStages, kMinBlocks, kMode>;
   const int chunks = (k / 32 + 3) / 4;
-  const size_t smem = size_t(probe::kWarps) * 16 * 4 * chunks * sizeof(float);
+  const size_t smem = size_t(probe::kWarps) * 16 * 4 * ((chunks + kSplitK - 1) / kSplitK) * sizeof(float);
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned(n / (16 * probe::kWarps / kSplitK)), kActive);
   cudaFuncAttributes attr;
   CK(cudaFuncGetAttributes(&attr, kernel));
+  int resident = 0;  // blocks per SM as registers and shared memory allow
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, 128, smem));
   const double us = time_us([&](int set) { kernel<<<grid, 128, smem, s>>>(blocks, scales, n, k, sets[set], x16, out); }, s);
-  std::printf("PERF %-8s f16 split=%d stages=%d minb=%d regs=%3d  %7.2f us  %6.0f GB/s\n", label, kSplitK, kStages,
-              kMinBlocks, attr.numRegs, us, bytes / us * 1e-3);
+  std::printf("PERF %-8s f16%s split=%d stages=%d minb=%d regs=%3d spill=%dB warps/SM=%2d grid warps=%5u  %7.2f us  %6.0f GB/s\n",
+              label, kMode == 1 ? "-arith" : kMode == 2 ? "-copy" : "", kSplitK, kStages, kMinBlocks, attr.numRegs, int(attr.localSizeBytes), resident * probe::kWarps,
+              grid.x * grid.y * probe::kWarps, us, bytes / us * 1e-3);
 }
 
 template <int kSplitK, bool kGateUp>
@@ -588,7 +615,8 @@ static void run_old(const char* label, const uint8_t* blocks, const uint8_t* sca
         kernel<<<grid, 128, smem, s>>>(p, routings[set]);
       },
       s);
-  std::printf("PERF %-8s present split=%d  %7.2f us  %6.0f GB/s\n", label, kSplitK, us, bytes / us * 1e-3);
+  std::printf("PERF %-8s present split=%d stages=%d minb=%d  %7.2f us  %6.0f GB/s\n", label, kSplitK,
+              moe::kDecodeStages, ANVIL_DECODE_MINB1, us, bytes / us * 1e-3);
 }
 
 // The FP16 form: its layout, a check on one expert set against a double reference (codes,
@@ -598,6 +626,10 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
                      const std::vector<uint8_t>& scales, const std::vector<uint16_t>& x, const std::vector<int>& check_ids,
                      int* const* sets, cudaStream_t s, double bytes) {
   const size_t row_bytes = size_t(k) / 2, nblk = size_t(k) / 32, chunks = (nblk + 3) / 4;
+  // Scales padded to whole chunks (4 blocks, one word) per row, as the kernel reads them.
+  std::vector<uint8_t> padded(size_t(kPool) * n * chunks * 4, 0);
+  for (size_t r = 0; r < size_t(kPool) * n; ++r)
+    std::memcpy(&padded[r * chunks * 4], &scales[r * nblk], nblk);
   const size_t rows = size_t(kPool) * n, packed_row = chunks * 64;
   std::vector<uint8_t> packed(rows * packed_row);
   for_rows_in_parallel(rows, [&](size_t r) { probe::pack_row_f16(&codes[r * row_bytes], &packed[r * packed_row], k); });
@@ -606,11 +638,11 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
   uint4* d_x16;
   float* d_out;
   CK(cudaMalloc(&d_packed, packed.size() + 256));
-  CK(cudaMalloc(&d_scales, scales.size() + 256));
+  CK(cudaMalloc(&d_scales, padded.size() + 256));
   CK(cudaMalloc(&d_x16, x16.size() * 4 + 256));
   CK(cudaMalloc(&d_out, size_t(kActive) * n * 4));
   CK(cudaMemcpy(d_packed, packed.data(), packed.size(), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_scales, scales.data(), scales.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_scales, padded.data(), padded.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_x16, x16.data(), x16.size() * 4, cudaMemcpyHostToDevice));
   {
     constexpr auto kernel = probe::f16_m1<kSplitK, 8, 3>;
@@ -625,12 +657,20 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
     // fp16 keeps every bf16 token value here except those under 2^-14 (subnormal in fp16).
     check_against_double(label, "f16", got, n, k, codes, scales, x, check_ids, 1e-4);
   }
+  // Session 18: does the time follow the warps per SM when the grid is one wave? (split x 2 with
+  // up to 24 warps per SM, against the present split at 12 and 16.) Then the time split into its
+  // arithmetic alone and its copies alone (same grid, prologue and epilogue).
   run_f16<kSplitK, 8, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
-  run_f16<kSplitK, 8, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
   run_f16<kSplitK, 6, 4>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
-  run_f16<kSplitK, 12, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
-  run_f16<kSplitK * 2, 8, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
   run_f16<kSplitK * 2, 6, 4>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK * 2, 4, 6>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK * 2, 3, 6>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK * 2, 3, 8>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK * 4, 3, 6>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK, 6, 4, 1>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK, 6, 4, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK * 2, 4, 6, 1>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK * 2, 4, 6, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
   cudaFree(d_packed);
   cudaFree(d_scales);
   cudaFree(d_x16);
@@ -711,10 +751,15 @@ static void case_run(const char* label, int n, int k, bool gate_up) {
   }
 
   const double bytes = double(kActive) * n * (row_bytes + nblk);
-  if (gate_up)
+  // And with k split twice as finely (session 18: one wave of warps when the build's
+  // ANVIL_DECODE_MINB1 allows 24 per SM).
+  if (gate_up) {
     run_old<kSplitK, true>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
-  else
+    run_old<kSplitK * 2, true>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
+  } else {
     run_old<kSplitK, false>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
+    run_old<kSplitK * 2, false>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
+  }
   if (g_f16) f16_case<kSplitK>(label, n, k, codes, scales, x, set_ids[0], sets.data(), s, bytes);
   if (g_old_only || !g_fp8) return;
   run_new<kSplitK, 8, 3>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
