@@ -292,6 +292,31 @@ TEST(CudaAttention, DecodeKernelChoiceFollowsTheContext) {
   cuda::set_decode_attention_kernel(Kernel::Auto);
 }
 
+// The split count, host side: one 32-key chunk per warp of what the block tables can hold, so a
+// graph's far max_context (131,072 for gpt-oss) does not launch 16 splits for a 1,024-key table
+// (session 18: 13 of them returned at once); a sliding layer's window needs one; about two blocks
+// per multiprocessor at most; none for wide batches.
+TEST(CudaAttention, DecodeSplitsFollowTheBlockTables) {
+  auto decode = [](int64_t sequences, int64_t context, int64_t table_keys) {
+    cuda::AttentionBatch batch;
+    batch.num_rows = batch.num_sequences = sequences;
+    batch.max_new_tokens = 1;
+    batch.max_context = context;
+    batch.max_blocks = table_keys / 16;
+    return batch;
+  };
+  const cuda::KvLayerCache bf16{nullptr, nullptr, 16, cuda::KvDtype::BF16};
+  const cuda::AttentionShape full{64, 8, 64, 0.125f, 0, nullptr}, sliding{64, 8, 64, 0.125f, 128, nullptr};
+  // 8 warps per CUDA-core block: 256 keys per split.
+  EXPECT_EQ(cuda::decode_attention_splits(decode(1, 131072, 1024), full, bf16, false, 132), 4);
+  EXPECT_EQ(cuda::decode_attention_splits(decode(1, 550, 1024), full, bf16, false, 132), 3);
+  EXPECT_EQ(cuda::decode_attention_splits(decode(1, 131072, 1024), sliding, bf16, false, 132), 1);
+  EXPECT_EQ(cuda::decode_attention_splits(decode(1, 100, 128), full, bf16, false, 132), 1);
+  EXPECT_EQ(cuda::decode_attention_splits(decode(1, 131072, 65536), full, bf16, false, 132), 16);
+  EXPECT_EQ(cuda::decode_attention_splits(decode(8, 131072, 8192), full, bf16, false, 132), 5);  // occupancy
+  EXPECT_EQ(cuda::decode_attention_splits(decode(65, 131072, 8192), full, bf16, false, 132), 1);
+}
+
 TEST(CudaAttention, SmallHeadDimAsQwen3Tiny) {
   SKIP_WITHOUT_GPU();
   check_attention({4, 2, 32, 0, false, {{0, 19}, {5, 4}}}, 6);

@@ -482,17 +482,11 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
   const size_t partials_room = workspace_bytes - tickets_size;
   // Split until the grid has about two blocks per multiprocessor.
   const int64_t target_blocks = 2 * int64_t(current_multiprocessors());
-  const int64_t context = attention_context_bound(batch, shape);
 
   if (batch.max_new_tokens == 1 && batch.num_rows == batch.num_sequences && group <= kDecodeMaxGroup) {
     const bool mma = decode_attention_on_tensor_cores(batch, shape, cache);
-    int splits = 1;
-    if (batch.num_rows <= kMaxSplitRows) {
-      const int64_t by_length = ceil_div(ceil_div(context, kDecodeKeys), decode_kernel_warps(mma, cache.dtype, shape.head_dim));
-      const int64_t by_occupancy = ceil_div(target_blocks, batch.num_sequences * shape.num_kv_heads);
-      splits = int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
-      if (partial_bytes(batch.num_rows, shape.num_heads, shape.head_dim, splits) > partials_room) splits = 1;
-    }
+    int splits = decode_attention_splits(batch, shape, cache, mma, current_multiprocessors());
+    if (splits > 1 && partial_bytes(batch.num_rows, shape.num_heads, shape.head_dim, splits) > partials_room) splits = 1;
     switch (shape.head_dim) {
       case 32: return dispatch_decode<32>(batch, shape, q, cache, out, partials, tickets, splits, mma, s);
       case 64: return dispatch_decode<64>(batch, shape, q, cache, out, partials, tickets, splits, mma, s);
@@ -509,7 +503,7 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
     // A sliding layer's context is one short window: one key tile per split keeps enough blocks
     // busy at decode (a single split ran 8 blocks for gpt-oss, ~20 us per layer on an H200).
     const int64_t tiles_per_split = shape.sliding_window > 0 ? 1 : 4;
-    const int64_t by_length = context / (tiles_per_split * kKeysPerTile);
+    const int64_t by_length = attention_context_bound(batch, shape) / (tiles_per_split * kKeysPerTile);
     const int64_t by_occupancy = ceil_div(target_blocks, work_items);
     splits = int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
   }
@@ -535,6 +529,18 @@ void set_decode_attention_kernel(DecodeAttentionKernel kernel) { decode_kernel_c
 int64_t attention_context_bound(const AttentionBatch& batch, const AttentionShape& shape) {
   return shape.sliding_window > 0 ? std::min(batch.max_context, shape.sliding_window + batch.max_new_tokens)
                                   : batch.max_context;
+}
+
+int decode_attention_splits(const AttentionBatch& batch, const AttentionShape& shape, const KvLayerCache& cache,
+                            bool mma, int multiprocessors) {
+  if (batch.num_rows > kMaxSplitRows) return 1;
+  // Each warp one 32-key chunk of the longest context the block tables can hold (under CUDA
+  // graphs max_context is a far fixed bound, and splits past a sequence's keys only launch blocks
+  // that return at once), and about two blocks per multiprocessor.
+  const int64_t keys = std::min(attention_context_bound(batch, shape), int64_t(batch.max_blocks) * cache.block_size);
+  const int64_t by_length = ceil_div(ceil_div(keys, kDecodeKeys), decode_kernel_warps(mma, cache.dtype, shape.head_dim));
+  const int64_t by_occupancy = ceil_div(2 * int64_t(multiprocessors), batch.num_sequences * shape.num_kv_heads);
+  return int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
 }
 
 bool decode_attention_on_tensor_cores(const AttentionBatch& batch, const AttentionShape& shape,

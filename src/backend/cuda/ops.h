@@ -351,6 +351,12 @@ bool decode_attention_on_tensor_cores(const AttentionBatch& batch, const Attenti
                                       const KvLayerCache& cache);
 // The most keys one sequence of the batch sees in this layer (a sliding window bounds it).
 int64_t attention_context_bound(const AttentionBatch& batch, const AttentionShape& shape);
+// How many context splits a decode step's attention launches (the chosen kernel, `mma` as
+// decode_attention_on_tensor_cores says, on a GPU of `multiprocessors`): enough for each warp to
+// take one 32-key chunk of the longest context the block tables can hold, at most about two
+// blocks per multiprocessor and 16. Host code only, for tests.
+int decode_attention_splits(const AttentionBatch& batch, const AttentionShape& shape, const KvLayerCache& cache,
+                            bool mma, int multiprocessors);
 
 // ---- dummy weights on the device (dummy_fill.cu) ----
 
