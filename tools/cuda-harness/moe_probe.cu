@@ -277,7 +277,9 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
 
 // kMode (session 18's split of the time): 0 the kernel; 1 its arithmetic alone (no weight copies:
 // the ring's stale bytes are decoded); 2 its copies alone (the ring read back and folded, no
-// decode or mma).
+// decode or mma); 3 the kernel for eight tokens per expert (the mma's n8 all used: lane quad g
+// takes token g, and each block's two results per row and token get its scale), out then being
+// [expert][token][n].
 template <int kSplitK, int kStages, int kMinBlocks, int kMode = 0>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     f16_m1(const uint8_t* blocks, const uint8_t* scales, int n, int k, const int* experts, const uint4* x16,
@@ -293,6 +295,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   const uint8_t* wb = blocks + (int64_t(expert) * n + row_b) * row_bytes + t * 16;
   __shared__ uint4 ring[kWarps][kStages][2][32];
   __shared__ float2 partial[kWarps][32];
+  __shared__ float4 partial8[kMode == 3 ? kWarps : 1][32];
   // [kWarps][16 rows][the warp's chunks][4 blocks]: 2^(s - 127)
   extern __shared__ __align__(16) float block_scales[];
   float* wscale = block_scales + warp * 16 * 4 * ((chunks + kSplitK - 1) / kSplitK);
@@ -329,7 +332,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   __syncwarp();
   const float* sa = wscale + g * my_chunks * 4;
   const float* sb = wscale + (g + 8) * my_chunks * 4;
-  const uint4* xl = x16 + t * 4;
+  const uint4* xl = x16 + (kMode == 3 ? int64_t(g) * chunks * 16 : 0) + t * 4;
   auto load_x = [&](int i, uint4 (&dst)[4]) {
     const int c = kpart + i * kSplitK;
     const bool ok = i < my_chunks;
@@ -338,6 +341,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   };
 
   float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [block parity][row g, row g + 8]
+  float acc8[2][4] = {};  // kMode 3: [block parity][d element: rows g, g + 8 x tokens 2t, 2t + 1]
   uint32_t fold = 0;
   auto chunk = [&](int i, const uint4 (&xv)[4]) {
     issue(i + kStages - 1);
@@ -356,8 +360,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         mma_f16(d, f16_pair_a(wa4[w]), f16_pair_a(wb4[w]), f16_pair_b(wa4[w]), f16_pair_b(wb4[w]), xv[w].x, xv[w].y);
         mma_f16(d, f16_pair_c(wa4[w]), f16_pair_c(wb4[w]), f16_pair_d(wa4[w]), f16_pair_d(wb4[w]), xv[w].z, xv[w].w);
-        acc[w % 2][0] = fmaf(sca[w], d[0], acc[w % 2][0]);
-        acc[w % 2][1] = fmaf(scb[w], d[2], acc[w % 2][1]);
+        if constexpr (kMode == 3) {
+          acc8[w % 2][0] = fmaf(sca[w], d[0], acc8[w % 2][0]);
+          acc8[w % 2][1] = fmaf(sca[w], d[1], acc8[w % 2][1]);
+          acc8[w % 2][2] = fmaf(scb[w], d[2], acc8[w % 2][2]);
+          acc8[w % 2][3] = fmaf(scb[w], d[3], acc8[w % 2][3]);
+        } else {
+          acc[w % 2][0] = fmaf(sca[w], d[0], acc[w % 2][0]);
+          acc[w % 2][1] = fmaf(scb[w], d[2], acc[w % 2][1]);
+        }
       }
     }
   };
@@ -373,6 +384,31 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     }
   }
   cp_async_wait<0>();
+  if constexpr (kMode == 3) {
+    float4 v = make_float4((acc8[0][0] + acc8[1][0]) * 16384.0f, (acc8[0][1] + acc8[1][1]) * 16384.0f,
+                           (acc8[0][2] + acc8[1][2]) * 16384.0f, (acc8[0][3] + acc8[1][3]) * 16384.0f);
+    if constexpr (kSplitK > 1) {
+      partial8[warp][lane] = v;
+      __syncthreads();
+      if (kpart == 0)
+        for (int q = 1; q < kSplitK; ++q) {
+          const float4 o = partial8[warp + q][lane];
+          v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
+        }
+    }
+    if (kpart == 0) {
+      float* base = out + int64_t(blockIdx.y) * 8 * n;
+      if (row0 + g < n) {
+        base[int64_t(2 * t) * n + row0 + g] = v.x;
+        base[int64_t(2 * t + 1) * n + row0 + g] = v.y;
+      }
+      if (row0 + g + 8 < n) {
+        base[int64_t(2 * t) * n + row0 + g + 8] = v.z;
+        base[int64_t(2 * t + 1) * n + row0 + g + 8] = v.w;
+      }
+    }
+    return;
+  }
   float ya = (acc[0][0] + acc[1][0]) * 16384.0f, yb = (acc[0][1] + acc[1][1]) * 16384.0f;
   if constexpr (kMode == 2) ya = __uint_as_float(fold & 0x3fffffffu);
   if constexpr (kSplitK > 1) {
@@ -588,7 +624,7 @@ static void run_f16(const char* label, const uint8_t* blocks, const uint8_t* sca
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, 128, smem));
   const double us = time_us([&](int set) { kernel<<<grid, 128, smem, s>>>(blocks, scales, n, k, sets[set], x16, out); }, s);
   std::printf("PERF %-8s f16%s split=%d stages=%d minb=%d regs=%3d spill=%dB warps/SM=%2d grid warps=%5u  %7.2f us  %6.0f GB/s\n",
-              label, kMode == 1 ? "-arith" : kMode == 2 ? "-copy" : "", kSplitK, kStages, kMinBlocks, attr.numRegs, int(attr.localSizeBytes), resident * probe::kWarps,
+              label, kMode == 1 ? "-arith" : kMode == 2 ? "-copy" : kMode == 3 ? "-8tok" : "", kSplitK, kStages, kMinBlocks, attr.numRegs, int(attr.localSizeBytes), resident * probe::kWarps,
               grid.x * grid.y * probe::kWarps, us, bytes / us * 1e-3);
 }
 
@@ -639,11 +675,14 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
   float* d_out;
   CK(cudaMalloc(&d_packed, packed.size() + 256));
   CK(cudaMalloc(&d_scales, padded.size() + 256));
-  CK(cudaMalloc(&d_x16, x16.size() * 4 + 256));
-  CK(cudaMalloc(&d_out, size_t(kActive) * n * 4));
+  // Room for eight tokens (kMode 3): the token repeated, so each column's sum is token 0's.
+  CK(cudaMalloc(&d_x16, x16.size() * 4 * 8 + 256));
+  CK(cudaMalloc(&d_out, size_t(kActive) * 8 * n * 4));
   CK(cudaMemcpy(d_packed, packed.data(), packed.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_scales, padded.data(), padded.size(), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_x16, x16.data(), x16.size() * 4, cudaMemcpyHostToDevice));
+  for (int tok = 0; tok < 8; ++tok)
+    CK(cudaMemcpy(reinterpret_cast<uint8_t*>(d_x16) + x16.size() * 4 * tok, x16.data(), x16.size() * 4,
+                  cudaMemcpyHostToDevice));
   {
     constexpr auto kernel = probe::f16_m1<kSplitK, 8, 3>;
     const size_t smem = size_t(probe::kWarps) * 16 * 4 * chunks * sizeof(float);
@@ -656,6 +695,22 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
     CK(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
     // fp16 keeps every bf16 token value here except those under 2^-14 (subnormal in fp16).
     check_against_double(label, "f16", got, n, k, codes, scales, x, check_ids, 1e-4);
+    // Eight copies of the token through the eight-token form: every column must be those bits.
+    constexpr auto kernel8 = probe::f16_m1<kSplitK, 8, 3, 3>;
+    CK(cudaFuncSetAttribute(kernel8, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CK(cudaMemset(d_out, 0xff, size_t(kActive) * 8 * n * 4));
+    kernel8<<<dim3(unsigned(n / (16 * probe::kWarps / kSplitK)), kActive), 128, smem, s>>>(d_packed, d_scales, n, k,
+                                                                                            sets[0], d_x16, d_out);
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> got8(size_t(kActive) * 8 * n);
+    CK(cudaMemcpy(got8.data(), d_out, got8.size() * 4, cudaMemcpyDeviceToHost));
+    size_t differing = 0;
+    for (int e = 0; e < kActive; ++e)
+      for (int tok = 0; tok < 8; ++tok)
+        for (int r = 0; r < n; ++r)
+          differing += std::memcmp(&got8[(size_t(e) * 8 + tok) * n + r], &got[size_t(e) * n + r], 4) != 0;
+    std::printf("CHECK %-8s f16 eight-token form: %zu of %zu values differ from the one-token form%s\n", label,
+                differing, got8.size(), differing == 0 ? "" : "  FAIL");
   }
   // Session 18: does the time follow the warps per SM when the grid is one wave? (split x 2 with
   // up to 24 warps per SM, against the present split at 12 and 16.) Then the time split into its
@@ -671,6 +726,10 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
   run_f16<kSplitK, 6, 4, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
   run_f16<kSplitK * 2, 4, 6, 1>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
   run_f16<kSplitK * 2, 4, 6, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  // Eight tokens per expert (batches up to ~64 at gpt-oss's top-4 of 32 or 128 experts).
+  run_f16<kSplitK, 8, 3, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK * 2, 4, 6, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+  run_f16<kSplitK * 2, 3, 6, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
   cudaFree(d_packed);
   cudaFree(d_scales);
   cudaFree(d_x16);
