@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "backend/cuda/moe_decode.cuh"
+#include "backend/cuda/mxfp4_f16_layout.h"
 #include "harness_common.h"
 
 
@@ -254,14 +255,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 // (magnitudes at 9-11 and 25-27, signs at 15 and 31), pair B's are that rotated left by 3, and
 // C's and D's magnitudes and signs need a shift each (pack_row_f16 places them).
 // Host and device: `moe_probe emulate` checks the layout on the CPU.
-__host__ __device__ __forceinline__ uint32_t f16_pair_a(uint32_t w) { return w & 0x8E008E00u; }
-__host__ __device__ __forceinline__ uint32_t f16_pair_b(uint32_t w) { return ((w >> 3) | (w << 29)) & 0x8E008E00u; }
-__host__ __device__ __forceinline__ uint32_t f16_pair_c(uint32_t w) {
-  return ((w << 6) & 0x0E000E00u) | ((w << 15) & 0x80008000u);
-}
-__host__ __device__ __forceinline__ uint32_t f16_pair_d(uint32_t w) {
-  return ((w << 3) & 0x0E000E00u) | ((w << 14) & 0x80008000u);
-}
+using anvil::cuda::mxfp4::f16_pair_a;  // the layout's decode (backend/cuda/mxfp4_f16_layout.h)
+using anvil::cuda::mxfp4::f16_pair_b;
+using anvil::cuda::mxfp4::f16_pair_c;
+using anvil::cuda::mxfp4::f16_pair_d;
 
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                         uint32_t b1) {
@@ -449,29 +446,7 @@ void pack_row(const uint8_t* src, uint8_t* dst, int k) {
   }
 }
 
-// Where pair p's low code (its first k) and high code keep their magnitude (3 bits, mantissa bit
-// lowest) and sign in a FP16-form word (f16_pair_a..d undo exactly this).
-struct F16Place {
-  int mag_lo, sign_lo, mag_hi, sign_hi;
-};
-constexpr F16Place kF16Place[4] = {{9, 15, 25, 31}, {12, 18, 28, 2}, {3, 0, 19, 16}, {6, 1, 22, 17}};
-
-// One row of K codes in the FP16 layout: chunks * 64 bytes, blocks past K zero.
-void pack_row_f16(const uint8_t* src, uint8_t* dst, int k) {
-  const int nblk = k / 32, chunks = (nblk + 3) / 4;
-  std::memset(dst, 0, size_t(chunks) * 64);
-  for (int b = 0; b < nblk; ++b)
-    for (int t = 0; t < 4; ++t) {
-      const int first[4] = {2 * t, 2 * t + 8, 16 + 2 * t, 24 + 2 * t};
-      uint32_t word = 0;
-      for (int p = 0; p < 4; ++p) {
-        const uint32_t lo = code_at(src, 32 * b + first[p]), hi = code_at(src, 32 * b + first[p] + 1);
-        const F16Place& at = kF16Place[p];
-        word |= (lo & 7u) << at.mag_lo | (lo >> 3) << at.sign_lo | (hi & 7u) << at.mag_hi | (hi >> 3) << at.sign_hi;
-      }
-      std::memcpy(dst + (b / 4) * 64 + t * 16 + (b % 4) * 4, &word, 4);
-    }
-}
+using anvil::cuda::mxfp4::pack_row_f16;  // one row of K codes in the FP16 layout
 
 // The token (bf16) as the FP16 form's x16 (fp16 pairs in the mma's order), zero past K.
 std::vector<uint32_t> token_f16(const std::vector<uint16_t>& x, int k) {
