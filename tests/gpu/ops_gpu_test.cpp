@@ -254,6 +254,17 @@ TEST(CudaAttention, DecodeKernelMatchesTheCpu) {
   check_attention({64, 8, 64, 128, true, many}, 30);
 }
 
+// A decode step's attention view as the host-side kernel and split choices see it: `sequences`
+// rows of one new token, `context` as max_context, block tables (16-key blocks) of `table_keys`.
+cuda::AttentionBatch decode_step(int64_t sequences, int64_t context, int64_t table_keys) {
+  cuda::AttentionBatch batch;
+  batch.num_rows = batch.num_sequences = sequences;
+  batch.max_new_tokens = 1;
+  batch.max_context = context;
+  batch.max_blocks = table_keys / 16;
+  return batch;
+}
+
 // Which decode kernel runs is decided on the host; a wrong bound would pass every numeric test and
 // show only in long-context speed, so it is pinned here (no GPU needed): gpt-oss's full layers go
 // to tensor cores from kMmaDecodeMinContext keys, its sliding layers never, a graph's far
@@ -262,14 +273,7 @@ TEST(CudaAttention, DecodeKernelMatchesTheCpu) {
 TEST(CudaAttention, DecodeKernelChoiceFollowsTheContext) {
   using Kernel = cuda::DecodeAttentionKernel;
   cuda::set_decode_attention_kernel(Kernel::Auto);
-  auto decode = [](int64_t context, int64_t table_keys) {
-    cuda::AttentionBatch batch;
-    batch.num_rows = batch.num_sequences = 1;
-    batch.max_new_tokens = 1;
-    batch.max_context = context;
-    batch.max_blocks = table_keys / 16;
-    return batch;
-  };
+  auto decode = [](int64_t context, int64_t table_keys) { return decode_step(1, context, table_keys); };
   const cuda::KvLayerCache bf16{nullptr, nullptr, 16, cuda::KvDtype::BF16};
   const cuda::AttentionShape full{64, 8, 64, 0.125f, 0, nullptr}, sliding{64, 8, 64, 0.125f, 128, nullptr};
   EXPECT_FALSE(cuda::decode_attention_on_tensor_cores(decode(512, 512), full, bf16));
@@ -297,24 +301,16 @@ TEST(CudaAttention, DecodeKernelChoiceFollowsTheContext) {
 // (session 18: 13 of them returned at once); a sliding layer's window needs one; about two blocks
 // per multiprocessor at most; none for wide batches.
 TEST(CudaAttention, DecodeSplitsFollowTheBlockTables) {
-  auto decode = [](int64_t sequences, int64_t context, int64_t table_keys) {
-    cuda::AttentionBatch batch;
-    batch.num_rows = batch.num_sequences = sequences;
-    batch.max_new_tokens = 1;
-    batch.max_context = context;
-    batch.max_blocks = table_keys / 16;
-    return batch;
-  };
   const cuda::KvLayerCache bf16{nullptr, nullptr, 16, cuda::KvDtype::BF16};
   const cuda::AttentionShape full{64, 8, 64, 0.125f, 0, nullptr}, sliding{64, 8, 64, 0.125f, 128, nullptr};
   // 8 warps per CUDA-core block: 256 keys per split.
-  EXPECT_EQ(cuda::decode_attention_splits(decode(1, 131072, 1024), full, bf16, false, 132), 4);
-  EXPECT_EQ(cuda::decode_attention_splits(decode(1, 550, 1024), full, bf16, false, 132), 3);
-  EXPECT_EQ(cuda::decode_attention_splits(decode(1, 131072, 1024), sliding, bf16, false, 132), 1);
-  EXPECT_EQ(cuda::decode_attention_splits(decode(1, 100, 128), full, bf16, false, 132), 1);
-  EXPECT_EQ(cuda::decode_attention_splits(decode(1, 131072, 65536), full, bf16, false, 132), 16);
-  EXPECT_EQ(cuda::decode_attention_splits(decode(8, 131072, 8192), full, bf16, false, 132), 5);  // occupancy
-  EXPECT_EQ(cuda::decode_attention_splits(decode(65, 131072, 8192), full, bf16, false, 132), 1);
+  EXPECT_EQ(cuda::decode_attention_splits(decode_step(1, 131072, 1024), full, bf16, false, 132), 4);
+  EXPECT_EQ(cuda::decode_attention_splits(decode_step(1, 550, 1024), full, bf16, false, 132), 3);
+  EXPECT_EQ(cuda::decode_attention_splits(decode_step(1, 131072, 1024), sliding, bf16, false, 132), 1);
+  EXPECT_EQ(cuda::decode_attention_splits(decode_step(1, 100, 128), full, bf16, false, 132), 1);
+  EXPECT_EQ(cuda::decode_attention_splits(decode_step(1, 131072, 65536), full, bf16, false, 132), 16);
+  EXPECT_EQ(cuda::decode_attention_splits(decode_step(8, 131072, 8192), full, bf16, false, 132), 5);  // occupancy
+  EXPECT_EQ(cuda::decode_attention_splits(decode_step(65, 131072, 8192), full, bf16, false, 132), 1);
 }
 
 TEST(CudaAttention, SmallHeadDimAsQwen3Tiny) {
