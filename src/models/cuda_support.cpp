@@ -161,24 +161,33 @@ DeviceWeights::Experts DeviceWeights::experts(const std::string& prefix, int64_t
     result.row_scales = row_scales;
     return result;
   }
+  if (format == cuda::ExpertFormat::MXFP4) {
+    // The checkpoint's order is staging only: the kernels read mxfp4_lay_out's layout.
+    cuda::DeviceBuffer mx_codes(size_t(experts * rows * in / 2)), mx_scales(size_t(experts * rows * (in / 32)));
+    fill_u8(mx_codes.get<uint8_t>(), prefix + "_blocks", {experts, rows, in / 32, 16});
+    fill_u8(mx_scales.get<uint8_t>(), prefix + "_scales", {experts, rows, in / 32});
+    auto* codes = static_cast<uint8_t*>(allocate(size_t(experts * rows * cuda::mxfp4_device_row_bytes(in))));
+    auto* scales = static_cast<uint8_t*>(allocate(size_t(experts * rows * cuda::mxfp4_device_scale_row_bytes(in))));
+    cuda::mxfp4_lay_out(mx_codes.get<uint8_t>(), mx_scales.get<uint8_t>(), experts * rows, in, codes, scales, nullptr);
+    cuda::synchronize();
+    result.codes = codes;
+    result.scales = scales;
+    return result;
+  }
   uint8_t* codes = upload_u8(prefix + "_blocks", {experts, rows, in / 32, 16});
   result.codes = codes;
-  if (format == cuda::ExpertFormat::MXFP4) {
-    result.scales = upload_u8(prefix + "_scales", {experts, rows, in / 32});
-  } else {
-    // The MXFP4 scales are only needed while the codes are re-quantized; the staging copy goes.
-    cuda::DeviceBuffer mx_scales(size_t(experts * rows * (in / 32)));
-    fill_u8(mx_scales.get<uint8_t>(), prefix + "_scales", {experts, rows, in / 32});
-    auto* scales = static_cast<uint8_t*>(allocate(size_t(experts * rows * (in / 16))));
-    auto* row_scales = static_cast<float*>(allocate(size_t(experts * rows) * sizeof(float)));
-    const int64_t bad = cuda::quantize_mxfp4_experts_to_nvfp4(codes, mx_scales.get<uint8_t>(), experts, rows, in,
-                                                              scales, row_scales, nullptr);
-    if (bad >= 0)
-      fail("{}: expert {} row {} holds a non-finite weight, so the experts cannot be quantized to NVFP4", prefix,
-           bad / rows, bad % rows);
-    result.scales = scales;
-    result.row_scales = row_scales;
-  }
+  // The MXFP4 scales are only needed while the codes are re-quantized; the staging copy goes.
+  cuda::DeviceBuffer mx_scales(size_t(experts * rows * (in / 32)));
+  fill_u8(mx_scales.get<uint8_t>(), prefix + "_scales", {experts, rows, in / 32});
+  auto* scales = static_cast<uint8_t*>(allocate(size_t(experts * rows * (in / 16))));
+  auto* row_scales = static_cast<float*>(allocate(size_t(experts * rows) * sizeof(float)));
+  const int64_t bad = cuda::quantize_mxfp4_experts_to_nvfp4(codes, mx_scales.get<uint8_t>(), experts, rows, in, scales,
+                                                            row_scales, nullptr);
+  if (bad >= 0)
+    fail("{}: expert {} row {} holds a non-finite weight, so the experts cannot be quantized to NVFP4", prefix,
+         bad / rows, bad % rows);
+  result.scales = scales;
+  result.row_scales = row_scales;
   cuda::mxfp4_pack_codes(codes, size_t(experts * rows * in / 2), nullptr);
   cuda::synchronize();
   return result;
@@ -191,21 +200,32 @@ DeviceWeights::Experts DeviceWeights::quantized_experts(const std::vector<std::v
   const int64_t scale_cols = format == cuda::ExpertFormat::FP8 ? 0 : in / (format == cuda::ExpertFormat::NVFP4 ? 16 : 32);
   if (in % 32 != 0) fail("{}: in_features {} is not a multiple of 32, which quantized experts on CUDA need", names[0][0], in);
   Experts result;
-  auto* codes = static_cast<uint8_t*>(allocate(size_t(experts * n * row_bytes)));
-  auto* scales = scale_cols > 0 ? static_cast<uint8_t*>(allocate(size_t(experts * n * scale_cols))) : nullptr;
-  auto* row_scales = format != cuda::ExpertFormat::MXFP4 ? static_cast<float*>(allocate(size_t(experts * n) * 4)) : nullptr;
+  // MXFP4 is quantized one expert at a time into checkpoint order (mx_codes, mx_scales), then laid
+  // out (mxfp4_lay_out); the other formats are written in place.
+  const bool mx = format == cuda::ExpertFormat::MXFP4;
+  const int64_t stored_row_bytes = mx ? cuda::mxfp4_device_row_bytes(in) : row_bytes;
+  const int64_t stored_scale_cols = mx ? cuda::mxfp4_device_scale_row_bytes(in) : scale_cols;
+  auto* codes = static_cast<uint8_t*>(allocate(size_t(experts * n * stored_row_bytes)));
+  auto* scales = scale_cols > 0 ? static_cast<uint8_t*>(allocate(size_t(experts * n * stored_scale_cols))) : nullptr;
+  auto* row_scales = !mx ? static_cast<float*>(allocate(size_t(experts * n) * 4)) : nullptr;
   cuda::DeviceBuffer staging(size_t(rows * in) * 2);
+  cuda::DeviceBuffer mx_codes(mx ? size_t(n * row_bytes) : 0), mx_scales(mx ? size_t(n * scale_cols) : 0);
   for (int64_t e = 0; e < experts; ++e) {
+    uint8_t* expert_codes = mx ? mx_codes.get<uint8_t>() : codes + e * n * row_bytes;
+    uint8_t* expert_scales = mx ? mx_scales.get<uint8_t>() : scales ? scales + e * n * scale_cols : nullptr;
     for (int64_t part = 0; part < parts; ++part) {
       const std::string& name = names[size_t(e)][size_t(part)];
       fill_bf16(staging.get<uint16_t>(), name, {rows, in});
-      const int64_t bad = cuda::quantize_bf16_expert_rows(
-          staging.get<uint16_t>(), rows, in, format, codes + e * n * row_bytes,
-          scales ? scales + e * n * scale_cols : nullptr, row_scales ? row_scales + e * n : nullptr, part, parts, nullptr);
+      const int64_t bad = cuda::quantize_bf16_expert_rows(staging.get<uint16_t>(), rows, in, format, expert_codes,
+                                                          expert_scales, row_scales ? row_scales + e * n : nullptr, part,
+                                                          parts, nullptr);
       if (bad >= 0) fail("{}: row {} holds a non-finite weight, so the expert cannot be quantized", name, bad);
     }
+    if (mx)
+      cuda::mxfp4_lay_out(expert_codes, expert_scales, n, in, codes + e * n * stored_row_bytes,
+                          scales + e * n * stored_scale_cols, nullptr);
   }
-  if (format != cuda::ExpertFormat::FP8) cuda::mxfp4_pack_codes(codes, size_t(experts * n * row_bytes), nullptr);
+  if (format == cuda::ExpertFormat::NVFP4) cuda::mxfp4_pack_codes(codes, size_t(experts * n * row_bytes), nullptr);
   cuda::synchronize();
   result.codes = codes;
   result.scales = scales;

@@ -17,6 +17,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/bf16_layout.h"
 #include "backend/cuda/fp8_layout.h"
+#include "backend/cuda/mxfp4_f16_layout.h"
 #include "backend/cuda/mxfp4_layout.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/runtime.h"
@@ -134,7 +135,7 @@ struct Experts {
         }
         return to_device(laid_out);
       }
-      if (!fp8) {
+      if (nv) {
         auto buffer = to_device(host);
         cuda::mxfp4_pack_codes(buffer.get<uint8_t>(), host.size(), nullptr);
         return buffer;
@@ -143,11 +144,26 @@ struct Experts {
       for (size_t i = 0; i < host.size(); ++i) laid_out[i - i % 16 + size_t(cuda::fp8::expert_position(int(i % 16)))] = host[i];
       return to_device(laid_out);
     };
-    d_gu_blocks = device_codes(gu_blocks);
-    if (!gu_scales.empty()) d_gu_scales = to_device(gu_scales);
+    // MXFP4: codes and scales laid out together, by the loader's own function.
+    auto lay_out = [&](const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales, int64_t rows,
+                       int64_t cols, cuda::DeviceBuffer& d_codes, cuda::DeviceBuffer& d_scales) {
+      const auto src_codes = to_device(codes), src_scales = to_device(scales);
+      d_codes = cuda::DeviceBuffer(size_t(s.experts * rows * cuda::mxfp4_device_row_bytes(cols)));
+      d_scales = cuda::DeviceBuffer(size_t(s.experts * rows * cuda::mxfp4_device_scale_row_bytes(cols)));
+      cuda::mxfp4_lay_out(src_codes.get<uint8_t>(), src_scales.get<uint8_t>(), s.experts * rows, cols,
+                          d_codes.get<uint8_t>(), d_scales.get<uint8_t>(), nullptr);
+      cuda::synchronize();
+    };
+    if (!nv && !fp8 && !bf16) {
+      lay_out(gu_blocks, gu_scales, 2 * s.intermediate, s.hidden, d_gu_blocks, d_gu_scales);
+      lay_out(down_blocks, down_scales, s.hidden, s.intermediate, d_down_blocks, d_down_scales);
+    } else {
+      d_gu_blocks = device_codes(gu_blocks);
+      if (!gu_scales.empty()) d_gu_scales = to_device(gu_scales);
+      d_down_blocks = device_codes(down_blocks);
+      if (!down_scales.empty()) d_down_scales = to_device(down_scales);
+    }
     d_gu_bias = to_device(gu_bias);
-    d_down_blocks = device_codes(down_blocks);
-    if (!down_scales.empty()) d_down_scales = to_device(down_scales);
     d_down_bias = to_device(down_bias);
   }
 
@@ -272,6 +288,7 @@ Routed route_on_gpu(int64_t m, const Shape& s, Rng& rng) {
 struct RunOptions {
   int timing_runs = 0;
   int64_t checked_rows = 24;
+  int h_exponent = 0;  // h is uniform in ±2^h_exponent (the residual then starts at zero)
 };
 
 // Runs moe_quantized for h [m, H] with the given routing and checks sampled rows against the CPU.
@@ -280,9 +297,11 @@ void run_moe(const Experts& ex, int64_t m, const Routed& routed, Rng& rng, const
   SCOPED_TRACE("E=" + std::to_string(s.experts) + " H=" + std::to_string(s.hidden) + " I=" +
                std::to_string(s.intermediate) + " k=" + std::to_string(s.k) + " m=" + std::to_string(m));
   std::vector<uint16_t> h(size_t(m * s.hidden));
-  for (auto& v : h) v = f32_to_bf16(rng.uniform());
+  for (auto& v : h) v = f32_to_bf16(std::ldexp(rng.uniform(), options.h_exponent));
   std::vector<float> residual(size_t(m * s.hidden));
-  for (auto& v : residual) v = rng.uniform();
+  // Zero with a scaled h: the contribution is read back as out - residual, which an O(1) residual
+  // would swamp.
+  for (auto& v : residual) v = options.h_exponent == 0 ? rng.uniform() : 0.0f;
   auto d_h = to_device(h), d_ids = to_device(routed.ids), d_w = to_device(routed.weights), d_residual = to_device(residual);
   const size_t ws_bytes = cuda::moe_quantized_workspace_bytes(m, s.k, s.experts, s.hidden, s.intermediate);
   cuda::DeviceBuffer workspace(ws_bytes);
@@ -392,6 +411,37 @@ TEST(CudaMoe, PackedCodesAreAPermutationOfEachWord) {
   for (size_t i = 0; i < words.size(); ++i) ASSERT_EQ(packed[i], cuda::mxfp4::pack_codes_word(words[i])) << i;
 }
 
+// The loader's MXFP4 layout (mxfp4_lay_out) is the host packer's, codes and scales, at a K with
+// padding (160: 5 blocks in 2 chunks) and gpt-oss's 2,880.
+TEST(CudaMoe, LayOutMatchesTheHostPacker) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(17);
+  for (const int k : {160, 2880}) {
+    const int64_t rows = 37;
+    std::vector<uint8_t> codes(size_t(rows * k / 2)), scales(size_t(rows * k / 32));
+    for (auto& c : codes) c = uint8_t(rng.next());
+    for (auto& sc : scales) sc = uint8_t(rng.next());
+    const auto src_codes = to_device(codes), src_scales = to_device(scales);
+    const int64_t row_bytes = cuda::mxfp4_device_row_bytes(k), scale_bytes = cuda::mxfp4_device_scale_row_bytes(k);
+    cuda::DeviceBuffer d_codes(size_t(rows * row_bytes)), d_scales(size_t(rows * scale_bytes));
+    cuda::mxfp4_lay_out(src_codes.get<uint8_t>(), src_scales.get<uint8_t>(), rows, k, d_codes.get<uint8_t>(),
+                        d_scales.get<uint8_t>(), nullptr);
+    cuda::synchronize();
+    const auto got_codes = to_host<uint8_t>(d_codes, size_t(rows * row_bytes));
+    const auto got_scales = to_host<uint8_t>(d_scales, size_t(rows * scale_bytes));
+    std::vector<uint8_t> want(static_cast<size_t>(row_bytes)), want_scales(static_cast<size_t>(scale_bytes));
+    for (int64_t r = 0; r < rows; ++r) {
+      cuda::mxfp4::pack_row_f16(&codes[size_t(r * k / 2)], want.data(), k);
+      cuda::mxfp4::pack_scales_f16(&scales[size_t(r * k / 32)], want_scales.data(), k);
+      ASSERT_EQ(std::vector<uint8_t>(got_codes.begin() + r * row_bytes, got_codes.begin() + (r + 1) * row_bytes), want)
+          << "K " << k << " row " << r;
+      ASSERT_EQ(std::vector<uint8_t>(got_scales.begin() + r * scale_bytes, got_scales.begin() + (r + 1) * scale_bytes),
+                want_scales)
+          << "K " << k << " row " << r;
+    }
+  }
+}
+
 TEST(CudaMoe, TopkTiesGoToTheLowerIndex) {
   ANVIL_REQUIRE_GPU();
   Rng rng(7);
@@ -497,7 +547,7 @@ void time_gpt_oss_20b_shapes(Scaling scaling, uint64_t seed, std::initializer_li
 }
 
 // Both paths: the decode kernels (few tokens per expert, and H = 288, which only they take) and
-// the grouped GEMM.
+// the grouped GEMM; K = 320 / 192 on both.
 void check_both_paths(Scaling scaling, uint64_t seed, Gating gating = Gating::GptOss) {
   ANVIL_REQUIRE_GPU();
   Rng rng(seed);
@@ -510,6 +560,13 @@ void check_both_paths(Scaling scaling, uint64_t seed, Gating gating = Gating::Gp
   for (int64_t m : {1, 40, 300}) {
     const auto routed = route_on_gpu(m, odd.shape, rng);
     run_moe(odd, m, routed, rng);
+  }
+  // K = 320 and 192: MXFP4 rows end in a part chunk (2 of its 4 blocks) on every path, the GEMM's
+  // included (its k tiles are half chunks).
+  const Experts part({4, 320, 192, 2}, rng, scaling, gating);
+  for (int64_t m : {1, 5, 300, 2048}) {
+    const auto routed = route_on_gpu(m, part.shape, rng);
+    run_moe(part, m, routed, rng);
   }
 }
 
@@ -758,6 +815,23 @@ TEST(CudaMoeFp8, ExpertLayoutPairsMatchTheFp4Order) {
     // bf16 bits of code value · 2^-120 hold the code's 7 magnitude bits at bits 4-10.
     EXPECT_EQ((pair >> 4) & 0x7f, uint32_t(c + 1)) << "pair " << j;
     EXPECT_EQ((pair >> 20) & 0x7f, uint32_t(c + 5)) << "pair " << j;
+  }
+}
+
+// Batch 1 with MXFP4 reads its token in fp16 (moe_decode_f16.cuh) scaled by a power of two per
+// warp: tokens far above fp16's range (2^20 in, so Qwen's unclamped silu · up reaches ~2^40 in
+// down) and far below it (2^-30) must come out as exactly as O(1) ones.
+TEST(CudaMoe, OneTokenFormKeepsTokensOutsideTheFp16Range) {
+  ANVIL_REQUIRE_GPU();
+  Rng rng(83);
+  for (const Gating gating : {Gating::Qwen, Gating::GptOss}) {
+    const Experts ex({8, 320, 192, 2}, rng, Scaling::Mxfp4, gating);
+    for (const int exponent : {20, -30}) {
+      SCOPED_TRACE("h in 2^" + std::to_string(exponent));
+      RunOptions options;
+      options.h_exponent = exponent;
+      run_moe(ex, 1, route_on_gpu(1, ex.shape, rng), rng, options);
+    }
   }
 }
 

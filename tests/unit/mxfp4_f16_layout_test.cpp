@@ -1,12 +1,13 @@
 // The FP16 form's layout of MXFP4 experts (backend/cuda/mxfp4_f16_layout.h), checked on the host:
 // every code of a packed row reads back through f16_pair_a..d as an fp16 of exactly its value
 // times 2^-14 at the k slot the mma expects of its lane, padding is zero, the scales keep their
-// order, and the token's fp16-pair order puts every k in exactly one place, next to its partner.
+// order, the bf16 reading gives value * 2^-126, and the prefill GEMM's k order is a permutation.
 // The probe (tools/cuda-harness/moe_probe.cu) times kernels on this layout; these run in CI.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <set>
 #include <utility>
@@ -96,29 +97,69 @@ TEST(Mxfp4F16Layout, SizesPadToWholeChunks) {
   EXPECT_EQ(packed, (std::vector<uint8_t>{120, 121, 122, 123, 124, 0, 0, 0}));
 }
 
-// The token's order matches the weights': k and k + 1 share a uint32 (the pair), the pair of lane
-// quad t and step j of block b sits where the kernel's lane t loads block b's word j, and the
-// words cover the padded token exactly once.
-TEST(Mxfp4F16Layout, TokenOrderMatchesTheWeightSlots) {
-  const int k = 2880, padded = 128 * f16_chunks(k);
-  std::set<std::pair<int, int>> seen;
-  for (int kk = 0; kk < padded; ++kk) {
-    const F16TokenIndex at = f16_token_index(kk);
-    ASSERT_GE(at.word, 0);
-    ASSERT_LT(at.word, f16_token_words(k));
-    EXPECT_EQ(at.half, kk % 2);
-    if (kk % 2 == 1) {
-      EXPECT_EQ(at.word, f16_token_index(kk - 1).word);
+// A bf16 value, bit by bit (16 bits: the top half of a float32).
+double bf16_value(uint32_t bits) {
+  uint32_t f = bits << 16;
+  float v;
+  std::memcpy(&v, &f, 4);
+  return double(v);
+}
+
+// The bf16 kernels' reading of the layout (the prefill GEMM, the decode kernel for several
+// tokens): every code as exactly value * 2^-126, and f16_code gives the nibble back.
+TEST(Mxfp4F16Layout, Bf16ReadingAndCodesOfEveryWord) {
+  const int k = 2880;
+  const std::vector<uint8_t> row = random_row(k, 7u);
+  std::vector<uint8_t> packed(size_t(f16_row_bytes(k)));
+  pack_row_f16(row.data(), packed.data(), k);
+  for (int block = 0; block < k / 32; ++block)
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t word = layout_word(packed, block, t);
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t pair = bf16_from_f16_pair(f16_pair(word, j));
+        for (int e = 0; e < 2; ++e) {
+          const int kk = 32 * block + f16_slot(t, j) + e;
+          const uint32_t code = checkpoint_code(row.data(), kk);
+          ASSERT_EQ(f16_code(word, j, e), code) << "k " << kk;
+          const uint32_t bits = e == 0 ? pair & 0xFFFFu : pair >> 16;
+          ASSERT_EQ(bf16_value(bits), double(kE2m1[code]) * std::ldexp(1.0, -126)) << "k " << kk;
+          ASSERT_EQ(bits >> 15, code >> 3) << "sign of k " << kk;
+        }
+      }
     }
-    EXPECT_TRUE(seen.insert({at.word, at.half}).second) << "k " << kk;
-    // The kernel's lane quad t loads, for block w of chunk c, uint4 number (4c + t) * 4 + w and
-    // feeds its element j to step j's pair of f16_slot(t, j): that must be this k's slot.
-    const int block = kk / 32, within = kk % 32, quad_word = at.word / 4, j = at.word % 4;
-    const int t = (quad_word / 4) % 4, c = quad_word / 16, w = quad_word % 4;
-    EXPECT_EQ(4 * c + w, block) << "k " << kk;
-    EXPECT_EQ(f16_slot(t, j) + at.half, within) << "k " << kk;
+}
+
+// A lane's pairs cover its k in natural order (the token needs no permutation): lane quad t's
+// pair j of block b is k 32b + 8t + 2j, each k of a block exactly once.
+TEST(Mxfp4F16Layout, LaneSlotsCoverTheBlockInOrder) {
+  std::set<int> seen;
+  for (int t = 0; t < 4; ++t)
+    for (int j = 0; j < 4; ++j) {
+      EXPECT_EQ(f16_slot(t, j), 8 * t + 2 * j);
+      EXPECT_TRUE(seen.insert(f16_slot(t, j)).second);
+    }
+  EXPECT_EQ(*seen.rbegin(), 30);
+}
+
+// The prefill GEMM's logical order is a permutation of each 64-wide tile, and it puts physical k
+// where the GEMM's lane quad t feeds it: step s = 2a + b takes word a's pairs 2b and 2b + 1 as
+// logical (2t, 2t+1) and (2t+8, 2t+9) of the step.
+TEST(Mxfp4F16Layout, PrefillOrderIsThePermutationTheGemmFeeds) {
+  std::set<int> logical;
+  for (int physical = 0; physical < 64; ++physical) {
+    const int l = f16_prefill_logical_column(physical);
+    ASSERT_GE(l, 0);
+    ASSERT_LT(l, 64);
+    EXPECT_TRUE(logical.insert(l).second) << physical;
   }
-  EXPECT_EQ(int(seen.size()), 2 * f16_token_words(k));
+  for (int t = 0; t < 4; ++t)
+    for (int a = 0; a < 2; ++a)
+      for (int b = 0; b < 2; ++b)
+        for (int h = 0; h < 2; ++h)
+          for (int e = 0; e < 2; ++e) {
+            const int physical = 32 * a + f16_slot(t, 2 * b + h) + e;  // word a of the tile, pair 2b + h
+            EXPECT_EQ(f16_prefill_logical_column(physical), 16 * (2 * a + b) + 8 * h + 2 * t + e);
+          }
 }
 
 }  // namespace

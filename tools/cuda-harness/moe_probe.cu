@@ -268,8 +268,8 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// blocks: rows of chunks * 64 bytes (pack_row_f16); scales: E8M0, nblk per row; x16: the token as
-// fp16 pairs, chunk c's lane quad t at x16[(4c + t) * 4 + w] = block w's {b0, b1} of step 0, then
+// blocks: rows of chunks * 64 bytes (pack_row_f16); scales: E8M0, nblk per row; x16: the token in
+// fp16, k order, chunk c's block w for lane quad t at x16[16c + 4w + t] = {b0, b1} of step 0, then
 // of step 1. Scales up to 240 (real checkpoints stay near 127).
 
 // kMode (session 18's split of the time): 0 the kernel; 1 its arithmetic alone (no weight copies:
@@ -329,12 +329,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   __syncwarp();
   const float* sa = wscale + g * my_chunks * 4;
   const float* sb = wscale + (g + 8) * my_chunks * 4;
-  const uint4* xl = x16 + (kMode == 3 ? int64_t(g) * chunks * 16 : 0) + t * 4;
+  const uint4* xl = x16 + (kMode == 3 ? int64_t(g) * chunks * 16 : 0) + t;
   auto load_x = [&](int i, uint4 (&dst)[4]) {
     const int c = kpart + i * kSplitK;
     const bool ok = i < my_chunks;
 #pragma unroll
-    for (int w = 0; w < 4; ++w) dst[w] = load_cached_16(xl + c * 16 + w, ok);
+    for (int w = 0; w < 4; ++w) dst[w] = load_cached_16(xl + c * 16 + 4 * w, ok);
   };
 
   float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [block parity][row g, row g + 8]
@@ -448,7 +448,8 @@ void pack_row(const uint8_t* src, uint8_t* dst, int k) {
 
 using anvil::cuda::mxfp4::pack_row_f16;  // one row of K codes in the FP16 layout
 
-// The token (bf16) as the FP16 form's x16 (fp16 pairs in the mma's order), zero past K.
+// The token (bf16) as the FP16 form's x16: plain fp16 in k order, zero past K (the layout's
+// lane quad t reads k 32b + 8t .. + 7 of block b as one uint4, mxfp4_f16_layout.h).
 std::vector<uint32_t> token_f16(const std::vector<uint16_t>& x, int k) {
   const int nblk = k / 32, chunks = (nblk + 3) / 4;
   std::vector<uint32_t> out(size_t(chunks) * 4 * 16, 0);
@@ -456,17 +457,7 @@ std::vector<uint32_t> token_f16(const std::vector<uint16_t>& x, int k) {
     const __half h = __float2half_rn(kk < k ? bf(x[size_t(kk)]) : 0.0f);
     return uint32_t(__half_as_ushort(h));
   };
-  auto pair = [&](int kk) { return half_bits(kk) | half_bits(kk + 1) << 16; };
-  for (int c = 0; c < chunks; ++c)
-    for (int t = 0; t < 4; ++t)
-      for (int w = 0; w < 4; ++w) {
-        const int base = 32 * (4 * c + w);
-        uint32_t* at = &out[(size_t(4 * c + t) * 4 + w) * 4];
-        at[0] = pair(base + 2 * t);
-        at[1] = pair(base + 2 * t + 8);
-        at[2] = pair(base + 16 + 2 * t);
-        at[3] = pair(base + 24 + 2 * t);
-      }
+  for (size_t i = 0; i < out.size(); ++i) out[i] = half_bits(int(2 * i)) | half_bits(int(2 * i + 1)) << 16;
   return out;
 }
 
@@ -499,7 +490,7 @@ double emulate_f16_rows(const std::vector<uint8_t>& codes, const std::vector<uin
         uint32_t word;
         std::memcpy(&word, &packed[size_t(b / 4) * 64 + t * 16 + (b % 4) * 4], 4);
         const uint32_t pairs[4] = {f16_pair_a(word), f16_pair_b(word), f16_pair_c(word), f16_pair_d(word)};
-        const uint32_t* xs = &x16[(size_t(4 * (b / 4) + t) * 4 + b % 4) * 4];
+        const uint32_t* xs = &x16[size_t(32 * b + 8 * t) / 2];
         for (int p = 0; p < 4; ++p)
           block += half_value(pairs[p] & 0xFFFFu) * half_value(xs[p] & 0xFFFFu) +
                    half_value(pairs[p] >> 16) * half_value(xs[p] >> 16);

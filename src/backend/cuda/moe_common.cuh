@@ -43,6 +43,7 @@ struct ExpertProduct {
   float* out = nullptr;               // down output
   bool silu = false;                  // gate_up: silu(gate) · up instead of gpt-oss's clamped SwiGLU
   float limit = 0.0f, alpha = 0.0f;   // the clamped SwiGLU's
+  bool single_row = false;            // A has one row (batch 1): gate_up's token is row 0
 };
 
 }  // namespace anvil::cuda::moe

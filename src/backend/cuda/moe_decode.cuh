@@ -48,7 +48,9 @@ constexpr int kDecodeWarpsPerSm = kTokenTiles >= 2 ? 8 : 4 * ANVIL_DECODE_MINB1;
 // busy when few experts are active (batch 1).
 // Occupancy: 8 warps per SM with 2+ token tiles, 4 * ANVIL_DECODE_MINB1 (12) with one, which
 // leaves each warp up to 168 registers (no spills).
-// kKind: MXFP4 (one E8M0 scale per 32-code lane block); NVFP4 (two E4M3 bytes per lane block, one
+// kKind: MXFP4 (mxfp4_f16_layout.h: a lane's 16 bytes of a chunk are one word of each of 4 blocks,
+// each word its own E8M0 scale, its pairs read as bf16 and scaled before the mma; the one-token
+// launch takes moe_decode_f16.cuh instead); NVFP4 (two E4M3 bytes per lane block, one
 // per word pair, and the row's global scale on the sum); FP8 (E4M3 codes, 16 per lane block,
 // so a chunk covers 64 k instead of 128, and a row scale on the sum); Bf16 (Qwen3-MoE as shipped,
 // bf16_layout.h: a lane block is 8 values whose words are already the (i, i + 4) pairs the mma
@@ -68,6 +70,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   }
   static_assert(kDecodeWarps % kSplitK == 0, "k split within a block");
   constexpr bool kNv = kKind == Kind::Nvfp4, kFp8 = kKind == Kind::Fp8, kBf16 = kKind == Kind::Bf16;
+  constexpr bool kMx = kKind == Kind::Mxfp4;
   constexpr bool kScaled = !kFp8 && !kBf16;  // block scales (MXFP4, NVFP4)
   // Per chunk a lane reads 16 bytes of each of its two rows: 32 FP4 codes, 16 FP8 codes or 8 bf16
   // values, and the matching activations as kXLoads 16-byte loads.
@@ -85,8 +88,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kpart = warp % kSplitK;
   const int row0 = (blockIdx.x * (kDecodeWarps / kSplitK) + warp / kSplitK) * 16;
-  const int row_bytes = kFp8 ? p.k : kBf16 ? 2 * p.k : p.k / 2, lane_blocks = row_bytes / 16;
-  const int scale_cols = !kScaled ? 0 : kNv ? p.k / 16 : p.k / 32;
+  // MXFP4 rows are whole chunks (zero codes past K), so every lane's piece of a chunk is valid.
+  const int row_bytes = kMx ? f16_row_bytes(p.k) : kFp8 ? p.k : kBf16 ? 2 * p.k : p.k / 2;
+  const int lane_blocks = kMx ? 4 * f16_chunks(p.k) : row_bytes / 16;
+  const int scale_cols = !kScaled ? 0 : kNv ? p.k / 16 : f16_scale_row_bytes(p.k);
   const int chunks = (lane_blocks + 3) / 4;
   const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
   // Rows past N read row N-1 (never stored), so the loop needs no row test.
@@ -101,8 +106,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   // elsewhere, see the commit log.)
   extern __shared__ __align__(16) uint8_t decode_scales[];
   uint8_t* const warp_scales = decode_scales + warp * 16 * scale_cols;
-  const uint8_t* const sa = warp_scales + g * scale_cols + (kNv ? 2 * t : t);
-  const uint8_t* const sb = warp_scales + (g + 8) * scale_cols + (kNv ? 2 * t : t);
+  const uint8_t* const sa = warp_scales + g * scale_cols + (kNv ? 2 * t : 0);
+  const uint8_t* const sb = warp_scales + (g + 8) * scale_cols + (kNv ? 2 * t : 0);
 
   // Scales above 128 need a second multiply per pair (scale_multiplier). Real checkpoints have
   // none, so one vote over the warp's whole table, rather than one per chunk, picks the path.
@@ -123,7 +128,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     cp_async_16(dst + 32 * 16, ok ? wb + int64_t(c) * 64 : p.blocks, ok);
     cp_async_commit();
   };
-  // Rows a and b: one E8M0 byte (MXFP4) or two E4M3 bytes, for words 0-1 and 2-3 (NVFP4).
+  // Rows a and b: four E8M0 bytes, one per word (MXFP4), or two E4M3 bytes, for words 0-1 and 2-3
+  // (NVFP4).
   struct Scales {
     uint32_t a, b;
   };
@@ -135,11 +141,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     else if constexpr (kNv)  // 2-byte aligned: scale_cols is even
       return Scales{ok ? uint32_t(*reinterpret_cast<const uint16_t*>(sa + c * 8)) : 0u,
                     ok ? uint32_t(*reinterpret_cast<const uint16_t*>(sb + c * 8)) : 0u};
-    else
-      return Scales{ok ? uint32_t(sa[c * 4]) : 0u, ok ? uint32_t(sb[c * 4]) : 0u};
+    else  // 4-byte aligned: scale_cols is 4 per chunk
+      return Scales{ok ? *reinterpret_cast<const uint32_t*>(sa + c * 4) : 0u,
+                    ok ? *reinterpret_cast<const uint32_t*>(sb + c * 4) : 0u};
   };
   // Token columns past the expert's count read the first token's row: the mma keeps columns
-  // apart, and those columns are never stored.
+  // apart, and those columns are never stored. MXFP4's lane quad t reads k 32b + 8t .. + 7 of each
+  // of the chunk's blocks b (zero past K: the padding codes are zero, but garbage could be NaN);
+  // the other kinds read their 32 contiguous k of the chunk.
+  constexpr int kXStride = kMx ? 32 : 8;
   const uint16_t* xr[kTokenTiles];
   auto load_tokens = [&](int i, uint4 (&dst)[kTokenTiles][kXLoads]) {
     const int c = kpart + i * kSplitK;
@@ -147,7 +157,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
 #pragma unroll
     for (int n = 0; n < kTokenTiles; ++n)
 #pragma unroll
-      for (int w = 0; w < kXLoads; ++w) dst[n][w] = load_cached_16(xr[n] + c * kChunkK + w * 8, ok);
+      for (int w = 0; w < kXLoads; ++w)
+        dst[n][w] = load_cached_16(xr[n] + c * kChunkK + w * kXStride, ok && (!kMx || 4 * c + w < p.k / 32));
   };
   // Two accumulator sets (even / odd words) halve the chain of dependent mma per chunk.
   float acc[2][kTokenTiles][4];
@@ -183,21 +194,40 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
           mma_bf16_16816(acc[q % 2][n], a_lo, b_lo, a_hi, b_hi, x0, x1);
         }
       }
-    } else {
-      constexpr bool kBig = decltype(big_tag)::value && !kNv;
-      // mul_*[0] serves words 0-1, mul_*[1] words 2-3 (the same multiplier for MXFP4).
-      uint32_t mul_a[2], mul_b[2], high_a = 0, high_b = 0;
-      if constexpr (kNv) {
-        mul_a[0] = nvfp4_multiplier(sc.a & 0xFFu);
-        mul_a[1] = nvfp4_multiplier(sc.a >> 8);
-        mul_b[0] = nvfp4_multiplier(sc.b & 0xFFu);
-        mul_b[1] = nvfp4_multiplier(sc.b >> 8);
-      } else {
-        mul_a[0] = mul_a[1] = scale_multiplier(sc.a);
-        mul_b[0] = mul_b[1] = scale_multiplier(sc.b);
-        high_a = scale_multiplier_high(sc.a);
-        high_b = scale_multiplier_high(sc.b);
+    } else if constexpr (kMx) {
+      constexpr bool kBig = decltype(big_tag)::value;
+      const uint32_t words_a[4] = {wa4.x, wa4.y, wa4.z, wa4.w};
+      const uint32_t words_b[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
+      // scale_multiplier's exponent fields for the chunk's 4 blocks at once, one per byte (no
+      // carries: min(s, 128) + 126 <= 254, max(s, 128) - 1 >= 127); each word then takes its byte
+      // into both halves of a bf16 pair and shifts it into place.
+      const uint32_t low_a = __vminu4(sc.a, 0x80808080u) + 0x7E7E7E7Eu;
+      const uint32_t low_b = __vminu4(sc.b, 0x80808080u) + 0x7E7E7E7Eu;
+      const uint32_t big_a = __vmaxu4(sc.a, 0x80808080u) - 0x01010101u;
+      const uint32_t big_b = __vmaxu4(sc.b, 0x80808080u) - 0x01010101u;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint32_t pick = 0x4040u + 0x0101u * uint32_t(w);  // byte w, 0, byte w, 0
+        const uint32_t mul_a = __byte_perm(low_a, 0u, pick) << 7, mul_b = __byte_perm(low_b, 0u, pick) << 7;
+        const uint32_t high_a = __byte_perm(big_a, 0u, pick) << 7, high_b = __byte_perm(big_b, 0u, pick) << 7;
+        uint32_t pa[4], pb[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          pa[j] = decode_f16_layout_pair<kBig>(words_a[w], j, mul_a, high_a);
+          pb[j] = decode_f16_layout_pair<kBig>(words_b[w], j, mul_b, high_b);
+        }
+        // Word w is block 4c + w: its pairs 0-1 are one mma step, 2-3 the next, against the token's
+        // k 32(4c + w) + 8t .. + 7 as loaded (pairs in the same order).
+#pragma unroll
+        for (int n = 0; n < kTokenTiles; ++n) {
+          mma_bf16_16816(acc[w % 2][n], pa[0], pb[0], pa[1], pb[1], xs[n][w].x, xs[n][w].y);
+          mma_bf16_16816(acc[w % 2][n], pa[2], pb[2], pa[3], pb[3], xs[n][w].z, xs[n][w].w);
+        }
       }
+    } else {  // NVFP4: scales never need a second multiply (nvfp4_multiplier)
+      // mul_*[0] serves words 0-1, mul_*[1] words 2-3.
+      const uint32_t mul_a[2] = {nvfp4_multiplier(sc.a & 0xFFu), nvfp4_multiplier(sc.a >> 8)};
+      const uint32_t mul_b[2] = {nvfp4_multiplier(sc.b & 0xFFu), nvfp4_multiplier(sc.b >> 8)};
       const uint32_t words_a[4] = {wa4.x, wa4.y, wa4.z, wa4.w};
       const uint32_t words_b[4] = {wb4.x, wb4.y, wb4.z, wb4.w};
 #pragma unroll
@@ -205,8 +235,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
         uint32_t pa[4], pb[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          pa[i] = decode_pair<kBig, kTokenTiles == 1>(words_a[w], i, mul_a[w / 2], high_a);
-          pb[i] = decode_pair<kBig, kTokenTiles == 1>(words_b[w], i, mul_b[w / 2], high_b);
+          pa[i] = decode_pair<false, kTokenTiles == 1>(words_a[w], i, mul_a[w / 2], 0u);
+          pb[i] = decode_pair<false, kTokenTiles == 1>(words_b[w], i, mul_b[w / 2], 0u);
         }
 #pragma unroll
         for (int n = 0; n < kTokenTiles; ++n)
@@ -305,7 +335,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
 #pragma unroll
     for (int n = 0; n < kTokenTiles; ++n) {
       const int64_t row = tok0 == 0 ? first_rows[n] : token_row(tok0, n);
-      xr[n] = p.a + row * p.k + t * (kChunkK / 4);
+      xr[n] = p.a + row * p.k + t * (kMx ? 8 : kChunkK / 4);
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[0][n][j] = acc[1][n][j] = 0.0f;
     }

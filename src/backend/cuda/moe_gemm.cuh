@@ -31,7 +31,9 @@ struct MoeGemmConfig {
   // Plus the block's scales for all of K, bytes kBN * K/32 (MXFP4) or kBN * K/16 (NVFP4), rounded
   // to 16 (FP8 has row scales only, bf16 none).
   static size_t smem_bytes(int k, Kind kind) {
-    const int scale_cols = kind == Kind::Fp8 || kind == Kind::Bf16 ? 0 : k / (kind == Kind::Nvfp4 ? 16 : 32);
+    const int scale_cols = kind == Kind::Fp8 || kind == Kind::Bf16 ? 0
+                           : kind == Kind::Nvfp4                   ? k / 16
+                                                                   : mxfp4::f16_scale_row_bytes(k);
     const int stage = kind == Kind::Bf16  ? kStageBytes<Kind::Bf16>
                       : kind == Kind::Fp8 ? kStageBytes<Kind::Fp8>
                                           : kStageBytes<Kind::Mxfp4>;
@@ -39,11 +41,19 @@ struct MoeGemmConfig {
   }
 };
 
+// Where the GEMM's activations keep physical k (0..63) of a 64-wide tile: MXFP4's layout pairs
+// adjacent codes (mxfp4_f16_layout.h), the other kinds' pair codes four apart (mxfp4_common.cuh).
+template <Kind kKind>
+__host__ __device__ constexpr int prefill_column(int physical) {
+  return kKind == Kind::Mxfp4 ? mxfp4::f16_prefill_logical_column(physical) : mxfp4::prefill_logical_column(physical);
+}
+
 // Largest K the per-block scale table allows (keeps shared memory under 99 KB at kBM = 128 with
 // NVFP4's table).
 constexpr int kMoeGemmMaxK = 4096;
 
-// kKind: MXFP4 (an E8M0 scale per 32 codes); NVFP4 (an E4M3 scale per 16 codes, which is exactly
+// kKind: MXFP4 (an E8M0 scale per 32 codes, mxfp4_f16_layout.h: a k tile is half of each row's
+// 64-byte chunk, lane quad t's 8 bytes of it one word of each of the tile's two blocks); NVFP4 (an E4M3 scale per 16 codes, which is exactly
 // one lane quad's bytes of a k tile, and the row's global scale on the sum); FP8 (16 bytes per
 // lane quad and k tile, in the expert layout of fp8_layout.h, and a row scale on the sum).
 template <typename Cfg, bool kGateUp, Kind kKind>
@@ -53,6 +63,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   release_dependents();
   constexpr int kBM = Cfg::kBM;
   constexpr bool kNv = kKind == Kind::Nvfp4, kFp8 = kKind == Kind::Fp8, kBf16 = kKind == Kind::Bf16;
+  constexpr bool kMx = kKind == Kind::Mxfp4;
   constexpr int kStageBytes = Cfg::template kStageBytes<kKind>;
   constexpr int kRowBytes = kBf16 ? Cfg::kBK * 2 : Cfg::kBK / (kFp8 ? 1 : 2);  // of one weight row per k tile
   using namespace gemm;
@@ -68,7 +79,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
   const int g = lane / 4, t = lane % 4;
-  const int scale_cols = kFp8 || kBf16 ? 0 : kNv ? p.k / 16 : p.k / 32;
+  const int scale_cols = kFp8 || kBf16 ? 0 : kNv ? p.k / 16 : f16_scale_row_bytes(p.k);
   const int k_tiles = p.k / Cfg::kBK;
 
   // The block's scales for every k: [kBN][scale_cols] bytes, behind the pipeline stages. Plain
@@ -95,13 +106,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     a_dst[i] = uint32_t(row * 128 + swizzle<8>(row, a_chunk) * 16);
   }
   // Weights: two threads per row, each copying kBLoads 16-byte chunks (a row is 32 bytes of FP4 or
-  // 64 of FP8 per k tile).
+  // 64 of FP8 per k tile). MXFP4's 32 bytes of a k tile are the four lane quads' 8-byte halves of
+  // the row's chunk kt / 2 (half kt % 2); each thread copies two of them, to bytes 8t of the row.
   static_assert(Cfg::kBN * 2 == Cfg::kThreads, "two threads per weight row");
   constexpr int kBLoads = kRowBytes / 32;
   const int b_row = tid / 2, b_part = tid % 2;
   const bool b_ok = n0 + b_row < p.n;
-  const uint8_t* b_src = p.blocks + (int64_t(expert) * p.n + n0 + (b_ok ? b_row : 0)) * (int64_t(p.k) * kRowBytes / Cfg::kBK) +
-                         b_part * 16 * kBLoads;
+  const int64_t b_row_bytes = kMx ? f16_row_bytes(p.k) : int64_t(p.k) * kRowBytes / Cfg::kBK;
+  const uint8_t* b_src = p.blocks + (int64_t(expert) * p.n + n0 + (b_ok ? b_row : 0)) * b_row_bytes +
+                         (kMx ? b_part * 32 : b_part * 16 * kBLoads);
   const uint32_t b_dst = uint32_t(Cfg::kABytes + b_row * kRowBytes + b_part * 16 * kBLoads);
 
   const uint32_t smem_base = smem_u32(smem);
@@ -109,9 +122,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const uint32_t base = smem_base + uint32_t(stage * kStageBytes);
 #pragma unroll
     for (int i = 0; i < kALoads; ++i) cp_async_16(base + a_dst[i], a_ok[i] ? a_src[i] + kt * Cfg::kBK : p.a, a_ok[i]);
+    if constexpr (kMx) {
+      const uint8_t* from = b_src + (kt / 2) * 64 + (kt % 2) * 8;  // lane quads 2 b_part, 2 b_part + 1
+      cp_async_8(base + b_dst, b_ok ? from : p.blocks, b_ok);
+      cp_async_8(base + b_dst + 8, b_ok ? from + 16 : p.blocks, b_ok);
+    } else {
 #pragma unroll
-    for (int i = 0; i < kBLoads; ++i)
-      cp_async_16(base + b_dst + 16 * i, b_ok ? b_src + kt * kRowBytes + 16 * i : p.blocks, b_ok);
+      for (int i = 0; i < kBLoads; ++i)
+        cp_async_16(base + b_dst + 16 * i, b_ok ? b_src + kt * kRowBytes + 16 * i : p.blocks, b_ok);
+    }
   };
 
   float acc[Cfg::kMTiles][Cfg::kNTiles][4] = {};
@@ -155,19 +174,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       } else {
         const uint2 w2 = *reinterpret_cast<const uint2*>(b_tile + row * kRowBytes + t * 8);
         words[nt] = make_uint4(w2.x, w2.y, 0u, 0u);
-        scale[nt] = kNv ? scale_table[row * scale_cols + 4 * kt + t] : scale_table[row * scale_cols + 2 * kt + t / 2];
+        // MXFP4: words x and y are blocks 2kt and 2kt + 1, a scale each (low byte: x's).
+        scale[nt] = kNv ? scale_table[row * scale_cols + 4 * kt + t]
+                        : *reinterpret_cast<const uint16_t*>(scale_table + row * scale_cols + 2 * kt);
       }
-      any_big |= kKind == Kind::Mxfp4 && scale[nt] > 128;
+      any_big |= kMx && (scale[nt] & 0xFFu) > 128;
+      any_big |= kMx && (scale[nt] >> 8) > 128;
     }
     // k16 step s takes pairs P[2s], P[2s+1] (P[j] = word j/4, pair j%4), decoded just before use
     // so the decode of one step overlaps the products of the previous.
     auto steps = [&](auto big_tag) {
-      [[maybe_unused]] constexpr bool kBig = decltype(big_tag)::value && kKind == Kind::Mxfp4;
-      uint32_t mul[Cfg::kNTiles], high[Cfg::kNTiles];
+      [[maybe_unused]] constexpr bool kBig = decltype(big_tag)::value && kMx;
+      // [nt][0] for words x (steps 0-1), [1] for y (steps 2-3): different only for MXFP4.
+      uint32_t mul[Cfg::kNTiles][2], high[Cfg::kNTiles][2];
 #pragma unroll
       for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
-        mul[nt] = kNv ? nvfp4_multiplier(scale[nt]) : kFp8 || kBf16 ? fp8::kRawToValue : scale_multiplier(scale[nt]);
-        high[nt] = scale_multiplier_high(scale[nt]);
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const uint32_t s = kMx ? (scale[nt] >> (8 * q)) & 0xFFu : scale[nt];
+          mul[nt][q] = kNv ? nvfp4_multiplier(s) : kFp8 || kBf16 ? fp8::kRawToValue : scale_multiplier(s);
+          high[nt][q] = scale_multiplier_high(s);
+        }
       }
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -187,12 +214,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             b1 = ks % 2 == 0 ? half.y : half.w;
           } else if constexpr (kFp8) {  // word ks: pairs 2ks (low) and 2ks+1 (high)
             const uint32_t word = ks == 0 ? words[nt].x : ks == 1 ? words[nt].y : ks == 2 ? words[nt].z : words[nt].w;
-            b0 = bf16x2_mul(fp8::low_pair_raw(word), mul[nt]);
-            b1 = bf16x2_mul(fp8::high_pair_raw(word), mul[nt]);
+            b0 = bf16x2_mul(fp8::low_pair_raw(word), mul[nt][0]);
+            b1 = bf16x2_mul(fp8::high_pair_raw(word), mul[nt][0]);
+          } else if constexpr (kMx) {  // step 2a + b: word a's pairs 2b, 2b + 1 (mxfp4_f16_layout.h)
+            const uint32_t word = ks < 2 ? words[nt].x : words[nt].y;
+            b0 = decode_f16_layout_pair<kBig>(word, 2 * (ks % 2), mul[nt][ks / 2], high[nt][ks / 2]);
+            b1 = decode_f16_layout_pair<kBig>(word, 2 * (ks % 2) + 1, mul[nt][ks / 2], high[nt][ks / 2]);
           } else {
             const uint32_t word = ks < 2 ? words[nt].x : words[nt].y;
-            b0 = decode_pair<kBig>(word, 2 * (ks % 2), mul[nt], high[nt]);
-            b1 = decode_pair<kBig>(word, 2 * (ks % 2) + 1, mul[nt], high[nt]);
+            b0 = decode_pair<false>(word, 2 * (ks % 2), mul[nt][0], 0u);
+            b1 = decode_pair<false>(word, 2 * (ks % 2) + 1, mul[nt][0], 0u);
           }
 #pragma unroll
           for (int mt = 0; mt < Cfg::kMTiles; ++mt)
@@ -231,7 +262,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         const int64_t position = row_begin + row;
         if constexpr (kGateUp) {
           const int j = col / 2, width = p.n / 2;
-          const int column = (j & ~63) + prefill_logical_column(j & 63);
+          const int column = (j & ~63) + prefill_column<kKind>(j & 63);
           p.act[position * width + column] = to_bf16_bits(gated(v0, v1, p.silu, p.limit, p.alpha));
         } else {
           const int64_t slot = r.sorted_slot[position];
@@ -242,9 +273,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 }
 
-// Prefill input: the sorted rows of h with each 64-column group in the GEMM's logical k order.
+// Prefill input: the sorted rows of h with each 64-column group in the GEMM's logical k order
+// (kMx: MXFP4's, mxfp4_f16_layout.h; else the other kinds', mxfp4_common.cuh).
 // One block per sorted row: the row is read coalesced into shared memory, then each thread
 // assembles 16-byte output chunks from it. Dynamic shared memory: hidden * 2 bytes.
+template <bool kMx>
 __global__ void __launch_bounds__(256)
     moe_gather_permute_kernel(const uint16_t* __restrict__ h, Routing r, int top_k, int hidden,
                               uint16_t* __restrict__ out) {
@@ -266,6 +299,13 @@ __global__ void __launch_bounds__(256)
     // of input words 8e + 4a + b and that + 2 (mxfp4_common.cuh).
     const int group = i / 8, q = i % 8;
     const int a = q >> 2, b = (q >> 1) & 1, half = q & 1;
+    if constexpr (kMx) {
+      // Output chunk q holds logical columns 8q + 2e + {0, 1} (e = t): physical k
+      // 32a + 8e + 4b + 2h + {0, 1}, i.e. input word 16a + 4e + 2b + h, whole.
+      const uint32_t* in = words + group * 32 + 16 * a + 2 * b + half;
+      dst[i] = make_uint4(in[0], in[4], in[8], in[12]);
+      continue;
+    }
     const uint32_t* in = words + group * 32 + 4 * a + b;
     const uint32_t selector = half ? 0x7632 : 0x5410;
     uint32_t o[4];

@@ -1,11 +1,13 @@
 // gpt-oss's mixture of experts with quantized weights: MXFP4 (as checkpoints ship), NVFP4 or FP8
-// (--quantize-experts). All three share one k order (the FP4 codes' device layout, fp8_layout.h's
-// expert layout for FP8), so the kernels are templated only on how codes decode and scale (Kind).
+// (--quantize-experts). NVFP4 and FP8 share one k order (the FP4 codes' per-word device layout,
+// fp8_layout.h's expert layout for FP8); MXFP4 has its own layout (mxfp4_f16_layout.h, made for
+// the batch-1 kernel), which the same kernels read through their Kind.
 //
 // One call = route (sort the (token, j) slots by expert on the device, no host round trip) →
 // expert products → weighted combine into the residual. Two product paths:
 // - decode (few tokens per expert): moe_decode.cuh, each active expert's weights streamed once
-//   for all of its tokens, SwiGLU fused into the gate_up kernel;
+//   for all of its tokens, SwiGLU fused into the gate_up kernel; MXFP4 at one row takes
+//   moe_decode_f16.cuh instead;
 // - prefill (many): moe_gemm.cuh, a grouped tensor-core GEMM over expert-sorted row tiles with
 //   the weights decoded in registers, SwiGLU fused into its epilogue.
 // The combine adds each token's k contributions in slot order, so the result is deterministic.
@@ -18,9 +20,11 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe_decode.cuh"
+#include "backend/cuda/moe_decode_f16.cuh"
 #include "backend/cuda/moe_gemm.cuh"
 #include "backend/cuda/moe_common.cuh"
 #include "backend/cuda/moe_picks.cuh"
+#include "backend/cuda/mxfp4_f16_layout.h"
 #include "backend/cuda/ops.h"
 
 namespace anvil::cuda {
@@ -294,6 +298,26 @@ __global__ void mxfp4_pack_codes_kernel(uint32_t* __restrict__ words, int64_t co
     words[i] = mxfp4::pack_codes_word(words[i]);
 }
 
+// One thread per output word of a row (and, for a row's first chunks words, its scale word).
+__global__ void mxfp4_lay_out_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
+                                     int64_t rows, int k, uint32_t* __restrict__ out_codes,
+                                     uint32_t* __restrict__ out_scales) {
+  const int chunks = mxfp4::f16_chunks(k), words_per_row = 16 * chunks, blocks = k / 32;
+  const int64_t total = rows * words_per_row;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / words_per_row;
+    const int within = int(i % words_per_row);  // word 4 * (4c + t) + w sits at byte 64c + 16t + 4w
+    const int c = within / 16, t = (within / 4) % 4, block = 4 * c + within % 4;
+    out_codes[i] = block < blocks ? mxfp4::pack_word_f16(codes + row * (k / 2), block, t) : 0u;
+    if (within < chunks) {
+      uint32_t word = 0;
+      for (int j = 0; j < 4; ++j)
+        if (4 * within + j < blocks) word |= uint32_t(scales[row * blocks + 4 * within + j]) << (8 * j);
+      out_scales[row * chunks + within] = word;
+    }
+  }
+}
+
 // ---- workspace ----
 
 struct Layout {
@@ -332,35 +356,64 @@ Layout layout_for(int64_t rows, int k, int64_t experts, int64_t hidden, int64_t 
 
 // ---- launches ----
 
-template <int kTokenTiles, int kSplitK, bool kGateUp, Kind kKind>
-void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
-  constexpr int kRowsPerBlock = 16 * kDecodeWarps / kSplitK;
-  constexpr auto kernel = moe_decode_kernel<kTokenTiles, kSplitK, kGateUp, kKind>;
-  // The per-warp scale tables (16 rows x K/32 or K/16 bytes each); past the default 48 KB together
-  // with the static ring (K above ~6-12k) they need the opt-in.
-  const size_t smem = kKind == Kind::Fp8 || kKind == Kind::Bf16
-                           ? 0
-                           : size_t(kDecodeWarps) * 16 * size_t(p.k / (kKind == Kind::Nvfp4 ? 16 : 32));
-  constexpr size_t kStatic = size_t(kDecodeWarps) * kDecodeStages * 2 * 32 * 16 +
-                            size_t(kSplitK > 1 ? kDecodeWarps : 1) * kTokenTiles * 32 * 16;
-  if (smem + kStatic > 48 * 1024) {
+// How many ways a decode launch splits k: as far as its warps still fit on the GPU at once
+// (batch 1 has four experts, too few to keep the memory busy otherwise).
+int decode_split(const ExpertProduct& p, int active_bound, int warps_per_sm) {
+  const int64_t warps = ceil_div(p.n, 16) * active_bound;
+  const int64_t resident = int64_t(warps_per_sm) * current_multiprocessors();
+  return 2 * warps > resident ? 1 : 4 * warps > resident ? 2 : 4;
+}
+
+// One decode grid: kDecodeWarps warps per block over 16-row tiles (split ways in k), one block row
+// per active expert. Dynamic shared memory past the default 48 KB (with the static) takes the opt-in.
+template <typename Kernel>
+void launch_decode_grid(Kernel kernel, int split, size_t smem, size_t static_smem, const ExpertProduct& p,
+                        const Routing& r, int active_bound, cudaStream_t stream) {
+  if (smem + static_smem > 48 * 1024) {
     if (smem > 160 * 1024) invalid("moe_quantized: hidden / intermediate too large for the decode path");
     ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
-  const dim3 grid(unsigned(ceil_div(p.n, kRowsPerBlock)), unsigned(active_bound));
+  const dim3 grid(unsigned(ceil_div(p.n, 16 * kDecodeWarps / split)), unsigned(active_bound));
   launch_chained(kernel, grid, kDecodeWarps * 32, smem, stream, p, r);
   ANVIL_CUDA_LAUNCHED();
 }
 
-// Splits k across more warps when few would stream (batch 1: four experts), as far as the warps
-// still fit on the GPU at once.
+template <int kTokenTiles, int kSplitK, bool kGateUp, Kind kKind>
+void launch_decode_split(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
+  // The per-warp scale tables (16 rows of scale bytes each; FP8 and bf16 have none).
+  const size_t smem = kKind == Kind::Fp8 || kKind == Kind::Bf16
+                          ? 0
+                          : size_t(kDecodeWarps) * 16 *
+                                size_t(kKind == Kind::Nvfp4 ? p.k / 16 : mxfp4::f16_scale_row_bytes(p.k));
+  constexpr size_t kStatic = size_t(kDecodeWarps) * kDecodeStages * 2 * 32 * 16 +
+                             size_t(kSplitK > 1 ? kDecodeWarps : 1) * kTokenTiles * 32 * 16;
+  launch_decode_grid(moe_decode_kernel<kTokenTiles, kSplitK, kGateUp, kKind>, kSplitK, smem, kStatic, p, r,
+                     active_bound, stream);
+}
+
 template <int kTokenTiles, bool kGateUp, Kind kKind>
 void launch_decode(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
-  const int64_t warps = ceil_div(p.n, 16) * active_bound;
-  const int64_t resident = int64_t(kDecodeWarpsPerSm<kTokenTiles>) * current_multiprocessors();
-  if (2 * warps > resident) return launch_decode_split<kTokenTiles, 1, kGateUp, kKind>(p, r, active_bound, stream);
-  if (4 * warps > resident) return launch_decode_split<kTokenTiles, 2, kGateUp, kKind>(p, r, active_bound, stream);
-  launch_decode_split<kTokenTiles, 4, kGateUp, kKind>(p, r, active_bound, stream);
+  switch (decode_split(p, active_bound, kDecodeWarpsPerSm<kTokenTiles>)) {
+    case 1: return launch_decode_split<kTokenTiles, 1, kGateUp, kKind>(p, r, active_bound, stream);
+    case 2: return launch_decode_split<kTokenTiles, 2, kGateUp, kKind>(p, r, active_bound, stream);
+    default: return launch_decode_split<kTokenTiles, 4, kGateUp, kKind>(p, r, active_bound, stream);
+  }
+}
+
+template <int kSplitK, bool kGateUp>
+void launch_decode_f16_split(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
+  constexpr size_t kStatic = size_t(kDecodeWarps) * kF16Stages * 2 * 32 * 16;
+  launch_decode_grid(moe_decode_f16_kernel<kSplitK, kGateUp>, kSplitK, f16_decode_smem(p.k, kSplitK), kStatic, p, r,
+                     active_bound, stream);
+}
+
+template <bool kGateUp>
+void launch_decode_f16(const ExpertProduct& p, const Routing& r, int active_bound, cudaStream_t stream) {
+  switch (decode_split(p, active_bound, kF16WarpsPerSm)) {
+    case 1: return launch_decode_f16_split<1, kGateUp>(p, r, active_bound, stream);
+    case 2: return launch_decode_f16_split<2, kGateUp>(p, r, active_bound, stream);
+    default: return launch_decode_f16_split<4, kGateUp>(p, r, active_bound, stream);
+  }
 }
 
 template <bool kGateUp, Kind kKind>
@@ -372,6 +425,11 @@ void launch_decode_tokens(int64_t m, int64_t experts, const ExpertProduct& p, co
   // twice the mean rather than the worst case: a wider pass costs registers, occupancy and the
   // token prefetch (kDecodePrefetchX) for every expert.
   const int64_t expect = std::min<int64_t>(m, ceil_div(2 * m * p.top_k, experts));
+  // One row (batch 1): MXFP4's FP16 form (moe_decode_f16.cuh). Not for more rows: it takes an
+  // expert's tokens one pass each, which at batch 8 ran 1.3-1.6x slower than one pass of this
+  // kernel for all of them (docs/perf/gpu.md, session 19).
+  if constexpr (kKind == Kind::Mxfp4)
+    if (m == 1) return launch_decode_f16<kGateUp>(p, r, active_bound, stream);
   if (expect <= 8) return launch_decode<1, kGateUp, kKind>(p, r, active_bound, stream);
   if (expect <= 16) return launch_decode<2, kGateUp, kKind>(p, r, active_bound, stream);
   launch_decode<4, kGateUp, kKind>(p, r, active_bound, stream);
@@ -405,6 +463,27 @@ void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream) {
   const int64_t count = int64_t(bytes / 4);
   mxfp4_pack_codes_kernel<<<grid_stride_blocks(count), 256, 0, as_stream(stream)>>>(reinterpret_cast<uint32_t*>(codes),
                                                                                     count);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+static_assert(mxfp4::f16_row_bytes(2880) == 1472 && mxfp4::f16_scale_row_bytes(2880) == 92,
+              "ops.h's mxfp4_device_row_bytes / scale_row_bytes follow mxfp4_f16_layout.h");
+
+void mxfp4_lay_out(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t in_features,
+                   uint8_t* device_codes, uint8_t* device_scales, Stream stream) {
+  if (rows < 0 || in_features < 32 || in_features % 32 != 0 || in_features > INT32_MAX / 2)
+    invalid("mxfp4_lay_out: K must be a positive multiple of 32");
+  if (rows == 0) return;
+  if (!codes || !scales || !device_codes || !device_scales) invalid("mxfp4_lay_out: null pointer");
+  if (reinterpret_cast<uintptr_t>(device_codes) % 4 != 0 || reinterpret_cast<uintptr_t>(device_scales) % 4 != 0)
+    invalid("mxfp4_lay_out: the device layout's codes and scales must be 4-byte aligned");
+  if (mxfp4_device_row_bytes(in_features) != mxfp4::f16_row_bytes(int(in_features)) ||
+      mxfp4_device_scale_row_bytes(in_features) != mxfp4::f16_scale_row_bytes(int(in_features)))
+    invalid("mxfp4_lay_out: ops.h and mxfp4_f16_layout.h disagree on the row bytes");
+  const int64_t words = rows * (mxfp4_device_row_bytes(in_features) / 4);
+  mxfp4_lay_out_kernel<<<grid_stride_blocks(words), 256, 0, as_stream(stream)>>>(
+      codes, scales, rows, int(in_features), reinterpret_cast<uint32_t*>(device_codes),
+      reinterpret_cast<uint32_t*>(device_scales));
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -449,6 +528,9 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   if (!aligned16(w.gate_up_blocks) || !aligned16(w.down_blocks) || !aligned16(h) || !aligned16(residual) ||
       reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
     invalid("moe_quantized: weights, h, residual and workspace must be 16-byte aligned (workspace 256)");
+  if (w.format == ExpertFormat::MXFP4 && (reinterpret_cast<uintptr_t>(w.gate_up_scales) % 4 != 0 ||
+                                          reinterpret_cast<uintptr_t>(w.down_scales) % 4 != 0))
+    invalid("moe_quantized: MXFP4 scales must be 4-byte aligned (mxfp4_lay_out's layout)");
   const Layout l = layout_for(m, k, E, H, I);
   if (workspace_bytes < l.total) invalid("moe_quantized: workspace too small for m rows (see moe_quantized_workspace_bytes)");
 
@@ -497,6 +579,7 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   gate_up.top_k = k;
   gate_up.act = act;
   gate_up.limit = w.swiglu_limit;
+  gate_up.single_row = m == 1;
   gate_up.alpha = w.swiglu_alpha;
   ExpertProduct down;
   down.a = act;
@@ -512,7 +595,7 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   auto products = [&](auto kind_tag) {
     constexpr Kind kKind = decltype(kind_tag)::value;
     if (use_gemm) {
-      launch_chained(moe_gather_permute_kernel, unsigned(slots), 256, size_t(H) * 2, s, h, r, k, int(H), x_perm);
+      launch_chained(moe_gather_permute_kernel<kKind == Kind::Mxfp4>, unsigned(slots), 256, size_t(H) * 2, s, h, r, k, int(H), x_perm);
       ANVIL_CUDA_LAUNCHED();
       gate_up.a = x_perm;
       // Tile-list bound for this tile size (<= l.max_tiles, which assumes the smallest tiles).

@@ -18,6 +18,14 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
+// Bytes per row of codes and of block scales (FP8 has none) of a K-wide expert matrix.
+__device__ int64_t code_row_bytes(ExpertFormat format, int64_t k) {
+  return format == ExpertFormat::MXFP4 ? mxfp4::f16_row_bytes(int(k)) : format == ExpertFormat::FP8 ? k : k / 2;
+}
+__device__ int64_t scale_row_bytes(ExpertFormat format, int64_t k) {
+  return format == ExpertFormat::MXFP4 ? mxfp4::f16_scale_row_bytes(int(k)) : format == ExpertFormat::NVFP4 ? k / 16 : 0;
+}
+
 __device__ const float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
@@ -32,23 +40,32 @@ __device__ float expert_row_dot(const float* lut, ExpertFormat format, const uin
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     return sum * global;
   }
-  for (int64_t b = lane; b < in / 32; b += 32) {
+  if (format == ExpertFormat::MXFP4) {  // mxfp4_f16_layout.h: block b's 8 codes of lane quad t
+    for (int b = lane; b < in / 32; b += 32) {
+      const float* xb = x + b * 32;
+      float block = 0.0f;
+      for (int t = 0; t < 4; ++t) {
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(blocks + mxfp4::f16_word_offset(b, t));
+        for (int j = 0; j < 4; ++j)
+          for (int e = 0; e < 2; ++e)
+            block = fmaf(lut[mxfp4::f16_code(word, j, e)], xb[mxfp4::f16_slot(t, j) + e], block);
+      }
+      // A power of two: the product is exact unless it leaves float32's range.
+      sum = fmaf(block, ldexpf(1.0f, int(scales[b]) - 127), sum);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    return sum;
+  }
+  for (int64_t b = lane; b < in / 32; b += 32) {  // NVFP4
     const uint32_t* words = reinterpret_cast<const uint32_t*>(blocks + b * 16);
     const float* xb = x + b * 32;
-    const bool nv = format == ExpertFormat::NVFP4;
-    float half[2] = {0.0f, 0.0f};  // NVFP4: codes 0-15 and 16-31 (own scales); MXFP4: all in half[0]
+    float half[2] = {0.0f, 0.0f};  // codes 0-15 and 16-31 (own scales)
     for (int i = 0; i < 4; ++i) {
       const uint32_t word = mxfp4::unpack_codes_word(words[i]);  // device layout -> nibble i = code i
-      float& acc = half[nv ? i / 2 : 0];
-      for (int j = 0; j < 8; ++j) acc = fmaf(lut[(word >> (4 * j)) & 15u], xb[8 * i + j], acc);
+      for (int j = 0; j < 8; ++j) half[i / 2] = fmaf(lut[(word >> (4 * j)) & 15u], xb[8 * i + j], half[i / 2]);
     }
-    if (nv) {
-      sum = fmaf(half[0], e4m3_value(scales[2 * b]) * global, sum);
-      sum = fmaf(half[1], e4m3_value(scales[2 * b + 1]) * global, sum);
-    } else {
-      // A power of two: the product is exact unless it leaves float32's range.
-      sum = fmaf(half[0], ldexpf(1.0f, int(scales[b]) - 127), sum);
-    }
+    sum = fmaf(half[0], e4m3_value(scales[2 * b]) * global, sum);
+    sum = fmaf(half[1], e4m3_value(scales[2 * b + 1]) * global, sum);
   }
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   return sum;
@@ -58,7 +75,7 @@ __device__ float expert_row_dot(const float* lut, ExpertFormat format, const uin
 // gate and up are the interleaved rows 2j and 2j+1 of gate_up.
 __global__ void gate_up_kernel(QuantizedExperts w, const float* h, int k, const int32_t* ids, float* act) {
   const bool fp8 = w.format == ExpertFormat::FP8;
-  const int64_t scale_cols = w.hidden / (w.format == ExpertFormat::NVFP4 ? 16 : 32), row_bytes = w.hidden / (fp8 ? 1 : 2);
+  const int64_t scale_cols = scale_row_bytes(w.format, w.hidden), row_bytes = code_row_bytes(w.format, w.hidden);
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = kE2M1[threadIdx.x];
   __syncthreads();
@@ -91,8 +108,7 @@ __global__ void down_kernel(QuantizedExperts w, int k, const int32_t* ids, const
   const int64_t i = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (i >= w.hidden) return;
   const bool fp8 = w.format == ExpertFormat::FP8;
-  const int64_t scale_cols = w.intermediate / (w.format == ExpertFormat::NVFP4 ? 16 : 32);
-  const int64_t row_bytes = w.intermediate / (fp8 ? 1 : 2);
+  const int64_t scale_cols = scale_row_bytes(w.format, w.intermediate), row_bytes = code_row_bytes(w.format, w.intermediate);
   float total = 0.0f;
   for (int slot = 0; slot < k; ++slot) {
     const int64_t assignment = row * k + slot, expert = ids[assignment];

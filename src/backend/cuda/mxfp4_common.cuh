@@ -9,11 +9,13 @@
 // as the CPU decoder computes it in float32 (scales above 128 take two multiplies, see
 // scale_multiplier). Because a word yields the pairs (0,4), (1,5), (2,6), (3,7) rather than
 // (0,1), ..., the kernels assign k to mma lanes so that the activation side is read in that same
-// order (see the permutations below). The codes are in the device layout (mxfp4_layout.h).
+// order (see the permutations below). The codes are in the device layout (mxfp4_layout.h): NVFP4's.
+// MXFP4 has its own (mxfp4_f16_layout.h), whose pairs are adjacent codes (decode_f16_layout_pair).
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
+#include "backend/cuda/mxfp4_f16_layout.h"
 #include "backend/cuda/mxfp4_layout.h"
 
 namespace anvil::cuda::mxfp4 {
@@ -83,6 +85,16 @@ __device__ __forceinline__ uint32_t nvfp4_multiplier(uint32_t s) {
 template <bool kBig, bool kPlainShifts = false>
 __device__ __forceinline__ uint32_t decode_pair(uint32_t word, int pair, uint32_t multiplier, uint32_t multiplier_high) {
   const uint32_t v = bf16x2_mul(fp4_pair_raw<kPlainShifts>(word, pair), multiplier);
+  return kBig ? bf16x2_mul(v, multiplier_high) : v;
+}
+
+// Pair j of an MXFP4 word in mxfp4_f16_layout.h's layout, as bf16 code · 2^-126 scaled like
+// decode_pair's (the kernels that multiply in bf16: the prefill GEMM, the decode kernel for
+// several tokens).
+template <bool kBig>
+__device__ __forceinline__ uint32_t decode_f16_layout_pair(uint32_t word, int j, uint32_t multiplier,
+                                                           uint32_t multiplier_high) {
+  const uint32_t v = bf16x2_mul(bf16_from_f16_pair(f16_pair(word, j)), multiplier);
   return kBig ? bf16x2_mul(v, multiplier_high) : v;
 }
 

@@ -74,13 +74,24 @@ void linear_f32_input(const DenseWeight& weight, const float* bias, const float*
 
 // ---- quantized mixture of experts (moe_quantized.cu, expert_weights.cu) ----
 
-// Rewrites E2M1 code blocks (low nibble first, as MXFP4 and NVFP4 checkpoints store them) in
-// place into the device layout the MoE kernels read: each 32-bit word's bits permuted so that a
-// pair of codes decodes in fewer instructions (mxfp4_common.cuh). bytes must be a multiple of 4.
+// Rewrites NVFP4 E2M1 code blocks (low nibble first, as checkpoints store them) in place into the
+// device layout the MoE kernels read for NVFP4: each 32-bit word's bits permuted so that a pair of
+// codes decodes in fewer instructions (mxfp4_layout.h). bytes must be a multiple of 4.
 void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream);
 
+// MXFP4 experts' device layout (mxfp4_f16_layout.h): each row of K codes takes
+// mxfp4_device_row_bytes(K) bytes (whole 128-code chunks, zero-padded) and its K/32 E8M0 scales
+// mxfp4_device_scale_row_bytes(K) (4 per chunk, zero-padded).
+inline int64_t mxfp4_device_row_bytes(int64_t in_features) { return (in_features / 32 + 3) / 4 * 64; }
+inline int64_t mxfp4_device_scale_row_bytes(int64_t in_features) { return (in_features / 32 + 3) / 4 * 4; }
+// Lays out `rows` checkpoint rows (codes [rows, K/2] low nibble first, scales [rows, K/32]) into
+// that layout (device_codes [rows, row bytes], device_scales [rows, scale row bytes]); out of
+// place, K a multiple of 32. Asynchronous on `stream`.
+void mxfp4_lay_out(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t in_features,
+                   uint8_t* device_codes, uint8_t* device_scales, Stream stream);
+
 // How the expert weights are stored.
-//  MXFP4: E2M1 codes [E, N, K/2] with one E8M0 scale per 32 inputs: W = e2m1 · 2^(scale - 127).
+//  MXFP4: E2M1 codes with one E8M0 scale per 32 inputs: W = e2m1 · 2^(scale - 127).
 //  NVFP4: E2M1 codes [E, N, K/2] with one E4M3 scale per 16 inputs and the float32 global scale
 //         of the row's checkpoint matrix: W = e2m1 · e4m3(scale) · row_scale[e, n]. Scales must not
 //         be NaN (0x7f / 0xff); the quantizers never make one.
@@ -88,9 +99,10 @@ void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream);
 //  BF16:  bf16 [E, N, K] (Qwen3-MoE as shipped), no scales, no bias; the grouped GEMM and the
 //         decode kernels take them with bf16 activations (moe_bf16 is the float32 path on the same
 //         bytes, for --dtype float32).
-// E2M1 codes are in the device layout of mxfp4_pack_codes, E4M3 codes in fp8_layout.h's expert
-// layout (expert_position) and bf16 in bf16_layout.h's, which gives every format the same k order
-// in the kernels.
+// MXFP4 codes and scales are in the device layout of mxfp4_lay_out (rows padded to whole 128-code
+// chunks; the kernels scale each 32-code block's products); NVFP4 codes in that of
+// mxfp4_pack_codes, E4M3 codes in fp8_layout.h's expert layout (expert_position) and bf16 in
+// bf16_layout.h's, which gives NVFP4, FP8 and bf16 the same k order in the kernels.
 enum class ExpertFormat { MXFP4, NVFP4, FP8, BF16 };
 
 // The gate_up product's activation: gpt-oss's clamped SwiGLU, or Qwen's silu(gate) · up.
@@ -100,12 +112,13 @@ enum class ExpertActivation { SwigluOai, SiluMul };
 struct QuantizedExperts {
   ExpertFormat format = ExpertFormat::MXFP4;
   ExpertActivation activation = ExpertActivation::SwigluOai;
-  const uint8_t* gate_up_blocks = nullptr;      // [E, 2I, H/2] (FP8: [E, 2I, H], BF16: 2 bytes each)
-  const uint8_t* gate_up_scales = nullptr;      // [E, 2I, H/32] MXFP4, [E, 2I, H/16] NVFP4
+  // MXFP4: [E, 2I, mxfp4_device_row_bytes(H)]; NVFP4 [E, 2I, H/2], FP8 [E, 2I, H], BF16 2 bytes each
+  const uint8_t* gate_up_blocks = nullptr;
+  const uint8_t* gate_up_scales = nullptr;      // [E, 2I, mxfp4_device_scale_row_bytes(H)] MXFP4, [E, 2I, H/16] NVFP4
   const float* gate_up_row_scales = nullptr;    // [E, 2I], NVFP4 and FP8
   const float* gate_up_bias = nullptr;          // [E, 2I]
-  const uint8_t* down_blocks = nullptr;         // [E, H, I/2] (FP8: [E, H, I])
-  const uint8_t* down_scales = nullptr;         // [E, H, I/32] MXFP4, [E, H, I/16] NVFP4
+  const uint8_t* down_blocks = nullptr;         // as gate_up's with K = I: [E, H, I/2] NVFP4, ...
+  const uint8_t* down_scales = nullptr;         // [E, H, mxfp4_device_scale_row_bytes(I)] MXFP4, [E, H, I/16] NVFP4
   const float* down_row_scales = nullptr;       // [E, H], NVFP4 and FP8
   const float* down_bias = nullptr;             // [E, H]
   int64_t num_experts = 0, hidden = 0, intermediate = 0;
@@ -131,8 +144,8 @@ int64_t quantize_mxfp4_experts_to_fp8(const uint8_t* codes, const uint8_t* mx_sc
 // expert) by the CPU quantizer's rule, as quantize_linear does it for that matrix alone, into rows
 // first_row, first_row + row_step, ... of one expert of a QuantizedExperts matrix in `format`
 // (row_step 2 interleaves gate and up). codes: in/2 bytes per row in checkpoint nibble order for
-// MXFP4 / NVFP4 (pack the finished matrix with mxfp4_pack_codes), in bytes per row in the expert
-// layout for FP8; scales: in/32 (MXFP4) or in/16 (NVFP4) bytes per row; row_scales (NVFP4, FP8):
+// MXFP4 / NVFP4 (lay the finished MXFP4 matrix out with mxfp4_lay_out, pack NVFP4 with
+// mxfp4_pack_codes), in bytes per row in the expert layout for FP8; scales: in/32 (MXFP4) or in/16 (NVFP4) bytes per row; row_scales (NVFP4, FP8):
 // one float per row. Waits; returns the first row of the matrix holding a non-finite weight
 // (nothing is then written), or -1. in must be a multiple of 32.
 int64_t quantize_bf16_expert_rows(const uint16_t* weight, int64_t rows, int64_t in, ExpertFormat format,
@@ -142,7 +155,7 @@ int64_t quantize_bf16_expert_rows(const uint16_t* weight, int64_t rows, int64_t 
 // The bytes of one expert matrix [rows, in] in `format` (what a token routed to it reads).
 inline int64_t expert_matrix_bytes(ExpertFormat format, int64_t rows, int64_t in) {
   switch (format) {
-    case ExpertFormat::MXFP4: return rows * in / 2 + rows * in / 32;
+    case ExpertFormat::MXFP4: return rows * (mxfp4_device_row_bytes(in) + mxfp4_device_scale_row_bytes(in));
     case ExpertFormat::NVFP4: return rows * in / 2 + rows * in / 16 + rows * 4;
     case ExpertFormat::FP8: return rows * in + rows * 4;
     case ExpertFormat::BF16: return rows * in * 2;
