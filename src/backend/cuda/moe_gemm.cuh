@@ -53,9 +53,10 @@ __host__ __device__ constexpr int prefill_column(int physical) {
 constexpr int kMoeGemmMaxK = 4096;
 
 // kKind: MXFP4 (an E8M0 scale per 32 codes, mxfp4_f16_layout.h: a k tile is half of each row's
-// 64-byte chunk, lane quad t's 8 bytes of it one word of each of the tile's two blocks); NVFP4 (an E4M3 scale per 16 codes, which is exactly
-// one lane quad's bytes of a k tile, and the row's global scale on the sum); FP8 (16 bytes per
-// lane quad and k tile, in the expert layout of fp8_layout.h, and a row scale on the sum).
+// 64-byte chunk, lane quad t's 8 bytes of it one word of each of the tile's two blocks); NVFP4 (an
+// E4M3 scale per 16 codes, which is exactly one lane quad's bytes of a k tile, and the row's global
+// scale on the sum); FP8 (16 bytes per lane quad and k tile, in the expert layout of fp8_layout.h,
+// and a row scale on the sum).
 template <typename Cfg, bool kGateUp, Kind kKind>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     moe_gemm_kernel(ExpertProduct p, Routing r) {

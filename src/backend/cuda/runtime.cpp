@@ -97,8 +97,9 @@ std::vector<OpKernel> portable_ops(bool chained_launch) {
        "vectorized mma.sync GEMV (decode) and m16n8k16 GEMM; bf16 products of >= 32 rows through cuBLASLt when "
        "found; bf16 or FP8 E4M3 weights (FP8 decoded in registers)"},
       {"moe_quantized",
-       "mma.sync W4A16 / W8A16 grouped GEMM and decode; MXFP4, NVFP4 or FP8 experts dequantized in registers; bf16 "
-       "experts through the grouped GEMM for long prompts"},
+       "mma.sync W4A16 / W8A16 grouped GEMM and decode; MXFP4, NVFP4 or FP8 experts dequantized in registers "
+       "(MXFP4 at batch 1: fp16 mma on the codes, block scales on the fp32 results); bf16 experts through the grouped "
+       "GEMM for long prompts"},
       {"attention",
        "paged, fp32 online softmax, sinks + window: tiled (prefill), one pass with in-kernel split merge (decode; "
        "mma.sync from a 2048-key context with a bf16 cache)"},
