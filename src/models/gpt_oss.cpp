@@ -365,6 +365,9 @@ class GptOss : public Model {
       layer.qkv_proj = w.dense({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
                                {q_width, kv_width, kv_width}, hidden, fp8);
       layer.o_proj = w.dense({a + "o_proj.weight"}, {hidden}, q_width, fp8);
+      // After the input norm and after attention: both latency-bound, so the projections' one-token
+      // products may fetch their weights early (DenseWeight::streams_early).
+      layer.qkv_proj.streams_early = layer.o_proj.streams_early = true;
       layer.router = w.bf16(p + ".mlp.router.weight", {experts, hidden});
       std::vector<float> qkv_bias = load_f32(*weights_, a + "q_proj.bias", {q_width});
       for (const char* name : {"k_proj.bias", "v_proj.bias"}) {

@@ -423,6 +423,9 @@ class Qwen3 : public Model {
       layer.qkv_proj = w.dense({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
                                {q_width, kv_width, kv_width}, hidden, fp8);
       layer.o_proj = w.dense({a + "o_proj.weight"}, {hidden}, q_width, fp8);
+      // After the input norm and after attention: both latency-bound, so the projections' one-token
+      // products may fetch their weights early (DenseWeight::streams_early).
+      layer.qkv_proj.streams_early = layer.o_proj.streams_early = true;
       layer.moe = c.is_moe_layer(l);
       if (layer.moe) {
         const int64_t width = c.moe_intermediate_size, experts = c.num_experts;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <string>
 #include <tuple>
@@ -239,6 +240,62 @@ TEST(CudaLinearBf16, LmHeadShapes) {
   run_case({4, 201088, 2880, false, 20, 4}, 401);
   run_case({1, 151936, 4096, false, 20}, 402);
   for_each_engine([](const std::string& engine) { run_case({512, 201088, 2880, false, 5, 3}, 403, engine); });
+}
+
+// The bulk-copy GEMV (gemv_bulk.cuh) against the register-ring GEMV it replaces at one token:
+// the same products in the same order, so the same bits, with and without bias, accumulating
+// (linear_add) or not, rows past a 16-row tile, a part 1 KB stage (in = 2888, 1032) and a part
+// 64-byte chunk (in = 40, 136). Out stays <= 4,224 rows, where the register ring runs 8 warps as
+// the bulk kernel does (more rows take its 4-warp form, another summation order).
+TEST(CudaLinearBf16, BulkGemvEqualsTheRegisterRingBitForBit) {
+  ANVIL_REQUIRE_GPU();
+  if (!cuda::bulk_gemv_runs(2880, 4096)) GTEST_SKIP() << "this GPU's kernel-table row has no bulk-copy GEMV";
+  struct Shape {
+    int64_t out, in;
+    bool bias, accumulate;
+  };
+  uint64_t seed = 500;
+  for (const Shape& c : {Shape{2880, 4096, true, true}, Shape{2888, 2888, true, false}, Shape{1000, 1032, false, true},
+                         Shape{130, 136, true, false}, Shape{24, 40, false, false}, Shape{16, 8192, true, true},
+                         Shape{4224, 2880, true, false}}) {
+    SCOPED_TRACE("out=" + std::to_string(c.out) + " in=" + std::to_string(c.in));
+    Rng rng(seed++);
+    const auto weight = random_bf16(size_t(c.out * c.in), rng, 1.0f / std::sqrt(float(c.in)));
+    const auto x = random_bf16(size_t(c.in), rng, 1.0f);
+    std::vector<float> bias(size_t(c.out)), start(size_t(c.out));
+    for (auto& b : bias) b = rng.uniform();
+    for (auto& v : start) v = rng.uniform() * 4.0f;
+    const auto d_weight = to_device(weight), d_x = to_device(x), d_bias = to_device(bias);
+    cuda::DenseWeight dw;
+    dw.data = d_weight.get();
+    dw.streams_early = true;
+    auto product = [&](bool bulk) {
+      cuda::allow_bulk_copy_kernels(bulk);
+      auto d_y = to_device(start);
+      const float* b = c.bias ? d_bias.get<float>() : nullptr;
+      if (c.accumulate)
+        cuda::linear_add(dw, b, d_x.get<uint16_t>(), 1, c.out, c.in, d_y.get<float>(), nullptr);
+      else
+        cuda::linear(dw, b, d_x.get<uint16_t>(), 1, c.out, c.in, d_y.get<float>(), nullptr);
+      cuda::allow_bulk_copy_kernels(true);
+      return test::to_host<float>(d_y, size_t(c.out));
+    };
+    const auto bulk = product(true), ring = product(false);
+    int64_t differ = 0;
+    for (size_t i = 0; i < bulk.size(); ++i)
+      differ += std::memcmp(&bulk[i], &ring[i], sizeof(float)) != 0 ? 1 : 0;
+    EXPECT_EQ(differ, 0) << "first value " << bulk[0] << " vs " << ring[0];
+    // And both against the reference (the bulk kernel must also have written every row).
+    double err = 0, norm = 0;
+    for (int64_t o = 0; o < c.out; ++o) {
+      double want = (c.bias ? bias[size_t(o)] : 0.0) + (c.accumulate ? start[size_t(o)] : 0.0);
+      for (int64_t k = 0; k < c.in; ++k)
+        want += double(bf16_to_f32(weight[size_t(o * c.in + k)])) * double(bf16_to_f32(x[size_t(k)]));
+      err += (bulk[size_t(o)] - want) * (bulk[size_t(o)] - want);
+      norm += want * want;
+    }
+    EXPECT_LT(std::sqrt(err / norm), 2e-5);
+  }
 }
 
 // cuBLASLt itself, called directly: the bias epilogue, accumulation into y (beta = 1, as

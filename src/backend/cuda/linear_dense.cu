@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/gemm_common.cuh"
+#include "backend/cuda/gemv_bulk.cuh"
 #include "backend/cuda/fp8_layout.h"
 #include "backend/cuda/ops.h"
 
@@ -445,11 +446,57 @@ struct Weights {
   const void* data;
   const float* row_scales;  // FP8 only
   bool fp8;
+  bool streams_early = false;  // DenseWeight::streams_early
 };
+
+// The bulk-copy GEMV (gemv_bulk.cuh) where the kernel table has it and the call fits it: one bf16
+// token, a weight that streams early, no fused activation, and a grid of one wave (the register
+// ring streams lm_head's 12,568 blocks faster: 285 against 313 us per gpt-oss step on an H200,
+// docs/perf/gpu.md session 20).
+bool takes_bulk_gemv(int64_t m, int64_t out, int64_t in, const Weights& w, const uint16_t* x) {
+  const void* weight = w.data;
+  return m == 1 && !w.fp8 && w.streams_early && in <= gemv::kBulkMaxIn && in % 8 == 0 &&
+         ceil_div(out, gemv::kBulkRows) <= gemv::kBulkBlocksPerSm * current_multiprocessors() &&
+         reinterpret_cast<uintptr_t>(weight) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         bulk_copy_kernels_allowed() && current_device_runs(kLinearDecodeOp, kLinearDecodeBulk);
+}
+
+// As many ring stages (up to the row's pieces) as let the grid's blocks share an SM in one wave
+// while leaving room for the neighbouring kernels' blocks, which run beside it under chained
+// launches. The gpt-oss shapes on an H200: qkv 320 blocks of 3 stages, o_proj 180 of 5.
+int bulk_gemv_stages(int64_t blocks, int in) {
+  int device = 0, per_sm_bytes = 0, per_block_bytes = 0;
+  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
+  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&per_block_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int64_t per_sm = std::clamp<int64_t>(ceil_div(blocks, current_multiprocessors()), 1, gemv::kBulkBlocksPerSm);
+  constexpr int64_t kLeftForNeighbours = 28 * 1024, kReservedPerBlock = 1024;
+  const int64_t budget =
+      std::min<int64_t>((per_sm_bytes - kLeftForNeighbours) / per_sm - kReservedPerBlock, per_block_bytes);
+  const int64_t pieces = ceil_div(int64_t(in) * 2, gemv::kPieceBytes);
+  const int64_t fit = (budget - int64_t(gemv::bulk_smem_bytes(0, in))) / gemv::kStageBytes;
+  return int(std::clamp<int64_t>(std::min<int64_t>(fit, pieces), 1, gemv::kBulkMaxStages));
+}
+
+void launch_bulk_gemv(const void* weight, const float* bias, const uint16_t* x, int out, int in, float* y,
+                      bool accumulate, cudaStream_t stream) {
+  const int64_t blocks = ceil_div(out, gemv::kBulkRows);
+  const int stages = bulk_gemv_stages(blocks, in);
+  int device = 0, per_block_bytes = 0;
+  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
+  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&per_block_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  allow_smem<gemv::gemv_bulk_kernel>(
+      std::min(gemv::bulk_smem_bytes(gemv::kBulkMaxStages, gemv::kBulkMaxIn), size_t(per_block_bytes)));
+  launch_chained(gemv::gemv_bulk_kernel, unsigned(blocks), gemv::kBulkWarps * 32, gemv::bulk_smem_bytes(stages, in),
+                 stream, static_cast<const uint16_t*>(weight), bias, x, out, in, y, accumulate, stages);
+  ANVIL_CUDA_LAUNCHED();
+}
 
 template <int kTokenTiles, bool kFp8, bool kSiluMul>
 void launch_gemv_format(const Weights& w, const float* bias, const uint16_t* x, int m, int out, int in, float* y,
                         bool accumulate, uint16_t* y_bf16, cudaStream_t stream) {
+  if (kTokenTiles == 1 && !kSiluMul && takes_bulk_gemv(m, out, in, w, x))
+    return launch_bulk_gemv(w.data, bias, x, out, in, y, accumulate, stream);
   const int64_t blocks = ceil_div(out, 16), sms = current_multiprocessors();
   if (blocks > 2 * sms && blocks <= 4 * sms) {
     launch_chained(gemv_kernel<kTokenTiles, 4, kFp8, kSiluMul>, unsigned(blocks), 4 * 32, 0, stream, w.data,
@@ -570,7 +617,7 @@ void linear_impl(const char* name, const Weights& w, const float* bias, const ui
 Weights bf16_weights(const uint16_t* weight) { return {weight, nullptr, false}; }
 
 Weights dense_weights(const DenseWeight& weight) {
-  return {weight.data, weight.row_scales, weight.format == DenseWeight::Format::FP8};
+  return {weight.data, weight.row_scales, weight.format == DenseWeight::Format::FP8, weight.streams_early};
 }
 
 }  // namespace
@@ -583,6 +630,11 @@ void linear_bf16(const uint16_t* weight, const float* bias, const uint16_t* x, i
 void linear_bf16_add(const uint16_t* weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
                      int64_t in_features, float* y, Stream stream) {
   linear_impl("linear_bf16_add", bf16_weights(weight), bias, x, m, out_features, in_features, y, true, stream);
+}
+
+bool bulk_gemv_runs(int64_t out_features, int64_t in_features) {
+  return out_features > 0 && in_features > 0 && out_features <= INT32_MAX && in_features <= INT32_MAX &&
+         takes_bulk_gemv(1, out_features, in_features, Weights{nullptr, nullptr, false, true}, nullptr);
 }
 
 void linear(const DenseWeight& weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,

@@ -31,6 +31,11 @@ struct DenseWeight {
   Format format = Format::BF16;
   const void* data = nullptr;
   const float* row_scales = nullptr;  // FP8
+  // At one token its product may ask for its weights before the kernel ahead of it ends (the
+  // bulk-copy GEMV, gemv_bulk.cuh). Worth it after a latency-bound kernel (attention, a norm, the
+  // MoE combine); after a product that streams weights itself the two streams only share the
+  // memory (Qwen3-1.7B's MLP down after gate_up: batch 1 -3.5 %, docs/perf/gpu.md session 20).
+  bool streams_early = false;
 };
 
 // linear_bf16 / linear_bf16_add for either format. FP8 needs in_features % 16 == 0 and 16-byte
@@ -39,6 +44,10 @@ void linear(const DenseWeight& weight, const float* bias, const uint16_t* x, int
             int64_t in_features, float* y, Stream stream);
 void linear_add(const DenseWeight& weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
                 int64_t in_features, float* y, Stream stream);
+// Whether a one-token bf16 product of that shape (16-byte aligned weight and token, a weight that
+// streams_early) runs on the bulk-copy GEMV (gemv_bulk.cuh) on the current device: where its
+// kernel-table row has it and allow_bulk_copy_kernels has not turned it off.
+bool bulk_gemv_runs(int64_t out_features, int64_t in_features);
 // A dense MLP's first half: out[m, width] = silu(gate) · up in bf16, where gate_up [2 * width, in]
 // holds the gate rows, then the up rows (no bias). Where `linear` would run its matrix-vector
 // kernel (few rows), one launch whose gate and up sums are linear's, bit for bit; otherwise linear

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -91,11 +92,14 @@ namespace {
 constexpr const char* kLaunchOp = "launch";
 constexpr const char* kLaunchChained = "programmatic dependent launch (griddepcontrol)";
 
-std::vector<OpKernel> portable_ops(bool chained_launch) {
+// bulk_copy: the batch-1 GEMV through the bulk copy engine (cp.async.bulk, compute capability 9.0
+// and later), measured on an H200 only so far; the other rows keep the register ring.
+std::vector<OpKernel> portable_ops(bool chained_launch, bool bulk_copy = false) {
   return {
       {"linear",
        "vectorized mma.sync GEMV (decode) and m16n8k16 GEMM; bf16 products of >= 32 rows through cuBLASLt when "
        "found; bf16 or FP8 E4M3 weights (FP8 decoded in registers)"},
+      {kLinearDecodeOp, bulk_copy ? kLinearDecodeBulk : "register-ring GEMV (as linear)"},
       {"moe_quantized",
        "mma.sync W4A16 / W8A16 grouped GEMM and decode; MXFP4, NVFP4 or FP8 experts dequantized in registers "
        "(MXFP4 at batch 1: fp16 mma on the codes, block scales on the fp32 results); bf16 experts through the grouped "
@@ -115,7 +119,7 @@ const std::vector<ArchKernels>& kernel_table() {
       {8, 0, "A100, A30", "sm_80", portable_ops(false)},
       {8, 6, "RTX 3090, A40, A6000", "sm_86", portable_ops(false)},
       {8, 9, "RTX 4090, L40S, RTX 6000 Ada", "sm_89", portable_ops(false)},
-      {9, 0, "H100, H200, GH200", "sm_90a", portable_ops(true)},
+      {9, 0, "H100, H200, GH200", "sm_90a", portable_ops(true, true)},
       {10, 0, "B200, GB200", "sm_100a", portable_ops(true)},
       {12, 0, "RTX PRO 6000 Blackwell, RTX 5090", "sm_120a", portable_ops(true)},
   };
@@ -182,6 +186,36 @@ bool chained_launch_enabled() {
     cache[device].store(value, std::memory_order_relaxed);
   }
   return value == 1 && chained_launch_allowed().load(std::memory_order_relaxed);
+}
+
+static std::atomic<bool>& bulk_copy_allowed() {
+  static std::atomic<bool> allowed{[] {
+    const char* env = std::getenv("ANVIL_BULK_COPY");
+    return !(env && std::string(env) == "0");
+  }()};
+  return allowed;
+}
+
+void allow_bulk_copy_kernels(bool allowed) { bulk_copy_allowed().store(allowed, std::memory_order_relaxed); }
+bool bulk_copy_kernels_allowed() { return bulk_copy_allowed().load(std::memory_order_relaxed); }
+
+bool current_device_runs(const std::string& op, const std::string& family) {
+  int device = 0;
+  RT_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::pair<int, std::string>, bool> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(device, op + '\n' + family);
+  if (const auto found = cache.find(key); found != cache.end()) return found->second;
+  int major = 0, minor = 0;
+  RT_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  RT_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  bool runs = false;
+  for (const auto& row : kernel_table())
+    if (row.major == major && row.minor == minor)
+      for (const auto& entry : row.ops) runs = runs || (entry.op == op && entry.family == family);
+  cache.emplace(key, runs);
+  return runs;
 }
 
 void allow_chained_launch(bool allowed) { chained_launch_allowed().store(allowed, std::memory_order_relaxed); }

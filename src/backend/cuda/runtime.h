@@ -70,6 +70,21 @@ const std::vector<ArchKernels>& kernel_table();
 // or when this build lacks the row's target.
 const ArchKernels& kernels_for(int major, int minor);
 
+// The kernels built on the bulk copy engine (the batch-1 GEMV, where the kernel table names it) can
+// be turned off for launches from now on, to compare them with the kernels they replace (tests,
+// A/B; ANVIL_BULK_COPY=0 starts with them off). A captured graph keeps what it was captured with.
+void allow_bulk_copy_kernels(bool allowed);
+bool bulk_copy_kernels_allowed();
+
+// Whether the current device's kernel-table row names `family` for `op` (asked once per device and
+// op).
+bool current_device_runs(const std::string& op, const std::string& family);
+// The decode GEMV's op and its bulk-copy family (linear_dense.cu picks the kernel by it).
+inline constexpr const char* kLinearDecodeOp = "linear_decode";
+inline constexpr const char* kLinearDecodeBulk =
+    "bf16 GEMV at batch 1 fed by bulk copies (cp.async.bulk) into a shared-memory ring filled before its "
+    "predecessor ends";
+
 // Whether the current device's kernel-table row launches a step's kernels as programmatic
 // dependents (backend/cuda/launch.cuh). ANVIL_CHAINED_LAUNCH=0 turns it off, to measure it.
 bool chained_launch_enabled();

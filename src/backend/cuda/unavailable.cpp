@@ -23,6 +23,9 @@ const std::vector<ArchKernels>& kernel_table() {
 const ArchKernels& kernels_for(int, int) { no_cuda(); }
 const ArchKernels& select_device(int) { no_cuda(); }
 bool chained_launch_enabled() { return false; }
+bool current_device_runs(const std::string&, const std::string&) { return false; }
+void allow_bulk_copy_kernels(bool) {}
+bool bulk_copy_kernels_allowed() { return false; }
 void allow_chained_launch(bool) {}
 void* device_alloc(size_t) { no_cuda(); }
 void device_free(void* pointer) {

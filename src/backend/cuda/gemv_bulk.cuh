@@ -1,0 +1,122 @@
+#pragma once
+// The batch-1 bf16 matrix-vector product with its weights fed by the bulk copy engine
+// (bulk_copy.cuh) into a ring of shared-memory stages.
+//
+// Why: inside a decode step the register-ring GEMV (linear_dense.cu) held gpt-oss-20b's qkv and
+// o_proj products ~1.7x longer than their bytes take at the copy bandwidth, and with their weights
+// already in L2 (a measurement, docs/perf/gpu.md session 20) o_proj was only ~7 % faster: the
+// kernel is bound by the few kilobytes each warp keeps in flight, not by DRAM. Here one thread per
+// block keeps the whole ring in flight (16 rows x 1 KB per stage), and because the weights are
+// constant the ring is filled before the grid waits for its predecessor: the first stages arrive
+// while the previous kernel (attention, the MoE combine) still runs.
+//
+// Arithmetic as linear_dense.cu's 8-warp GEMV at one token, bit for bit: the same m16n8k16
+// products (W as the 16-row A operand, the token as B column 0), warp w taking 64-byte chunks
+// w, w + 8, w + 16, ... of every row in that order, the warps' sums added in warp order, then the
+// bias (and the old value of y when accumulating).
+#include <cstdint>
+
+#include "backend/cuda/bulk_copy.cuh"
+#include "backend/cuda/gemm_common.cuh"
+#include "backend/cuda/launch.cuh"
+
+namespace anvil::cuda::gemv {
+
+constexpr int kBulkWarps = 8;
+constexpr int kBulkRows = 16;
+constexpr int kPieceBytes = 1024;  // of each row per stage: 16 chunks of 64 bytes, 2 per warp
+// Row r of a stage starts at r * kRowPitch: with the 64-byte pad, lanes reading rows g and g + 1
+// at the same offset fall in opposite halves of the banks (no conflicts).
+constexpr int kRowPitch = kPieceBytes + 64;
+constexpr int kStageBytes = kBulkRows * kRowPitch;
+constexpr int kBulkMaxIn = 8192;  // the token is staged in shared memory whole
+constexpr int kBulkMaxStages = 8;
+constexpr int kBulkBlocksPerSm = 3;  // the launch bound; the launcher keeps grids within one wave
+
+// Shared memory of one block: the ring, the token, the warps' partial sums and the barriers.
+inline size_t bulk_smem_bytes(int stages, int in) {
+  return size_t(stages) * kStageBytes + size_t(in) * 2 + size_t(kBulkWarps) * 32 * sizeof(float2) +
+         size_t(stages) * sizeof(uint64_t);
+}
+
+// y[row] (+)= W[row] · x + bias[row] for one token x; `stages` ring stages (1..kBulkMaxStages).
+// Needs in % 8 == 0, in <= kBulkMaxIn and 16-byte aligned W and x.
+__global__ void __launch_bounds__(kBulkWarps * 32, kBulkBlocksPerSm)
+    gemv_bulk_kernel(const uint16_t* __restrict__ weight, const float* __restrict__ bias,
+                     const uint16_t* __restrict__ x, int out, int in, float* __restrict__ y, bool accumulate,
+                     int stages) {
+  using gemm::mma_bf16_16816;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const ring = smem;
+  uint16_t* const x_s = reinterpret_cast<uint16_t*>(smem + size_t(stages) * kStageBytes);
+  float2* const partial = reinterpret_cast<float2*>(x_s + in);  // [warp][lane]
+  uint64_t* const full = reinterpret_cast<uint64_t*>(partial + kBulkWarps * 32);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t row0 = int64_t(blockIdx.x) * kBulkRows;
+  const int64_t row_bytes = int64_t(in) * 2;
+  const int pieces = int((row_bytes + kPieceBytes - 1) / kPieceBytes);
+  auto piece_bytes = [&](int i) { return uint32_t(min(int64_t(kPieceBytes), row_bytes - int64_t(i) * kPieceBytes)); };
+  const uint8_t* const bytes = reinterpret_cast<const uint8_t*>(weight);
+  // Thread 0 only. Rows past `out` read the last row (never stored).
+  auto issue = [&](int i) {
+    const int slot = i % stages;
+    const uint32_t size = piece_bytes(i);
+    bulk::barrier_expect_bytes(full + slot, size * kBulkRows);
+    for (int r = 0; r < kBulkRows; ++r) {
+      const int64_t row = min(row0 + r, int64_t(out) - 1);
+      bulk::copy_to_shared(ring + slot * kStageBytes + r * kRowPitch, bytes + row * row_bytes + int64_t(i) * kPieceBytes,
+                           size, full + slot);
+    }
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) bulk::barrier_init(full + s, 1);
+    for (int i = 0; i < min(stages, pieces); ++i) issue(i);
+  }
+
+  wait_for_predecessor();
+  release_dependents();
+  // The token, through L2: this SM's L1 may hold an earlier kernel's values at these addresses.
+  for (int k = threadIdx.x * 8; k < in; k += blockDim.x * 8)
+    *reinterpret_cast<uint4*>(x_s + k) = __ldcg(reinterpret_cast<const uint4*>(x + k));
+  __syncthreads();  // the token, and the barriers' initialization, for every thread
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  for (int i = 0; i < pieces; ++i) {
+    const int slot = i % stages;
+    bulk::barrier_wait(full + slot, uint32_t(i / stages) & 1u);
+    const uint8_t* const stage = ring + slot * kStageBytes;
+#pragma unroll
+    for (int c = warp; c < kPieceBytes / 64; c += kBulkWarps) {
+      const int at = c * 64 + t * 16;
+      // in is a multiple of 8, so a lane's 16 bytes are all inside the row or all past it; past
+      // it the stage holds stale bytes, taken as zeros.
+      const bool ok = int64_t(i) * kPieceBytes + at < row_bytes;
+      const uint4 a = ok ? *reinterpret_cast<const uint4*>(stage + g * kRowPitch + at) : zero;
+      const uint4 b = ok ? *reinterpret_cast<const uint4*>(stage + (g + 8) * kRowPitch + at) : zero;
+      const uint4 xv = ok && g == 0 ? *reinterpret_cast<const uint4*>(x_s + (int64_t(i) * kPieceBytes + at) / 2) : zero;
+      mma_bf16_16816(acc, a.x, b.x, a.y, b.y, xv.x, xv.y);
+      mma_bf16_16816(acc, a.z, b.z, a.w, b.w, xv.z, xv.w);
+    }
+    __syncthreads();  // every warp is done with this stage
+    if (threadIdx.x == 0 && i + stages < pieces) issue(i + stages);
+  }
+
+  // Column 0 (the token) of rows g and g + 8 is d[0] and d[2] of lane (g, t = 0).
+  partial[warp * 32 + lane] = make_float2(acc[0], acc[2]);
+  __syncthreads();
+  if (threadIdx.x < kBulkRows) {
+    const int r = threadIdx.x, from = (r % 8) * 4;
+    const int64_t row = row0 + r;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kBulkWarps; ++w) sum += r < 8 ? partial[w * 32 + from].x : partial[w * 32 + from].y;
+    if (row < out) {
+      const float value = sum + (bias != nullptr ? bias[row] : 0.0f);
+      y[row] = accumulate ? y[row] + value : value;
+    }
+  }
+}
+
+}  // namespace anvil::cuda::gemv

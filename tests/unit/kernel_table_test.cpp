@@ -1,0 +1,35 @@
+// The kernel table picks families by exact compute capability (issue 4: "never capability >= N"):
+// the bulk-copy GEMV is named only on the row it was measured on (9.0), never on 8.x (no bulk copy
+// engine) nor, until measured there, on 10.0 and 12.0; every row says which decode GEMV it runs.
+// A build without CUDA has an empty table.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "backend/cuda/runtime.h"
+
+namespace anvil {
+namespace {
+
+std::string family_of(const cuda::ArchKernels& row, const std::string& op) {
+  for (const auto& entry : row.ops)
+    if (entry.op == op) return entry.family;
+  return "";
+}
+
+TEST(KernelTable, BulkCopyGemvOnlyOnTheMeasuredRow) {
+  if (!cuda::compiled_in()) {
+    EXPECT_TRUE(cuda::kernel_table().empty());
+    return;
+  }
+  ASSERT_FALSE(cuda::kernel_table().empty());
+  for (const auto& row : cuda::kernel_table()) {
+    SCOPED_TRACE(std::to_string(row.major) + "." + std::to_string(row.minor));
+    const std::string decode = family_of(row, cuda::kLinearDecodeOp);
+    EXPECT_FALSE(decode.empty()) << "no decode GEMV named";
+    EXPECT_EQ(decode == cuda::kLinearDecodeBulk, row.major == 9 && row.minor == 0);
+  }
+}
+
+}  // namespace
+}  // namespace anvil
