@@ -464,7 +464,12 @@ bool takes_bulk_gemv(int64_t m, int64_t out, int64_t in, const Weights& w, const
 // As many ring stages (up to the row's pieces) as let the grid's blocks share an SM in one wave
 // while leaving room for the neighbouring kernels' blocks, which run beside it under chained
 // launches. The gpt-oss shapes on an H200: qkv 320 blocks of 3 stages, o_proj 180 of 5.
-int bulk_gemv_stages(int64_t blocks, int in) {
+struct BulkGemvPlan {
+  int stages;
+  size_t grant;  // the kernel's shared-memory grant: what its largest call needs, within the GPU's limit
+};
+
+BulkGemvPlan plan_bulk_gemv(int64_t blocks, int in) {
   int device = 0, per_sm_bytes = 0, per_block_bytes = 0;
   ANVIL_CUDA_CHECK(cudaGetDevice(&device));
   ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
@@ -475,20 +480,18 @@ int bulk_gemv_stages(int64_t blocks, int in) {
       std::min<int64_t>((per_sm_bytes - kLeftForNeighbours) / per_sm - kReservedPerBlock, per_block_bytes);
   const int64_t pieces = ceil_div(int64_t(in) * 2, gemv::kPieceBytes);
   const int64_t fit = (budget - int64_t(gemv::bulk_smem_bytes(0, in))) / gemv::kStageBytes;
-  return int(std::clamp<int64_t>(std::min<int64_t>(fit, pieces), 1, gemv::kBulkMaxStages));
+  return {int(std::clamp<int64_t>(std::min<int64_t>(fit, pieces), 1, gemv::kBulkMaxStages)),
+          std::min(gemv::bulk_smem_bytes(gemv::kBulkMaxStages, gemv::kBulkMaxIn), size_t(per_block_bytes))};
 }
 
 void launch_bulk_gemv(const void* weight, const float* bias, const uint16_t* x, int out, int in, float* y,
                       bool accumulate, cudaStream_t stream) {
   const int64_t blocks = ceil_div(out, gemv::kBulkRows);
-  const int stages = bulk_gemv_stages(blocks, in);
-  int device = 0, per_block_bytes = 0;
-  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
-  ANVIL_CUDA_CHECK(cudaDeviceGetAttribute(&per_block_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  allow_smem<gemv::gemv_bulk_kernel>(
-      std::min(gemv::bulk_smem_bytes(gemv::kBulkMaxStages, gemv::kBulkMaxIn), size_t(per_block_bytes)));
-  launch_chained(gemv::gemv_bulk_kernel, unsigned(blocks), gemv::kBulkWarps * 32, gemv::bulk_smem_bytes(stages, in),
-                 stream, static_cast<const uint16_t*>(weight), bias, x, out, in, y, accumulate, stages);
+  const BulkGemvPlan plan = plan_bulk_gemv(blocks, in);
+  allow_smem<gemv::gemv_bulk_kernel>(plan.grant);
+  launch_chained(gemv::gemv_bulk_kernel, unsigned(blocks), gemv::kBulkWarps * 32,
+                 gemv::bulk_smem_bytes(plan.stages, in), stream, static_cast<const uint16_t*>(weight), bias, x, out, in,
+                 y, accumulate, plan.stages);
   ANVIL_CUDA_LAUNCHED();
 }
 
