@@ -251,10 +251,12 @@ template <KvDtype KV>
 __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch batch, int64_t heads, int64_t kv_heads,
                                             int64_t head_dim, const int32_t* positions, const float* inv_freq,
                                             float mscale, float* q, KvLayerCache cache, QkNorm qk_norm) {
-  wait_for_predecessor();
-  release_dependents();
   const int64_t row = blockIdx.x, head = blockIdx.y, half = head_dim / 2;
   const float* in = qkv + (row * (heads + 2 * kv_heads) + head) * head_dim;
+  // Everything but the projection's output is known before the wait: the step's metadata (uploaded
+  // before the step began), the slot, the first pair's rotation and norm weights. After the wait
+  // only the load of `in` is left on the chain's path; these were dependent DRAM round trips
+  // (a layer streams more than L2 holds) and the precise sin/cos before it.
   int64_t slot = 0;  // first element of this row's key (and value) vectors in the cache
   if (head >= heads) {
     const int seq = batch.row_sequence[row], pos = batch.row_position[row];
@@ -262,13 +264,20 @@ __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch bat
     if (block < 0) return;  // as kv_write_kernel: a bad table never scribbles
     slot = (int64_t(block) * cache.block_size + pos % cache.block_size) * kv_heads * head_dim;
   }
-  if (head >= heads + kv_heads) {
+  const bool rotated = head < heads + kv_heads;
+  const float position = rotated ? float(positions[row]) : 0.0f;
+  const float* norm = head < heads ? qk_norm.q : qk_norm.k;
+  const bool first_pair = rotated && threadIdx.x < half;
+  const RopeTurn first_turn = first_pair ? rope_turn(position, inv_freq[threadIdx.x], mscale) : RopeTurn{0.0f, 0.0f};
+  const float first_norm0 = first_pair && norm ? norm[threadIdx.x] : 0.0f;
+  const float first_norm1 = first_pair && norm ? norm[threadIdx.x + half] : 0.0f;
+  wait_for_predecessor();
+  release_dependents();
+  if (!rotated) {
     const int64_t offset = slot + (head - heads - kv_heads) * head_dim;
     for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) store_kv<KV>(cache.values, offset + i, in[i]);
     return;
   }
-  const float position = float(positions[row]);
-  const float* norm = head < heads ? qk_norm.q : qk_norm.k;
   float inv = 1.0f;
   if (norm) {  // block-uniform: every lane of every warp takes part in the shuffles
     float sum = 0.0f;
@@ -277,8 +286,11 @@ __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch bat
     inv = rsqrtf(sum / float(head_dim) + qk_norm.eps);
   }
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-    const RopeTurn turn = rope_turn(position, inv_freq[j], mscale);
-    const float x0 = norm ? in[j] * inv * norm[j] : in[j], x1 = norm ? in[j + half] * inv * norm[j + half] : in[j + half];
+    const bool first = j == threadIdx.x;
+    const RopeTurn turn = first ? first_turn : rope_turn(position, inv_freq[j], mscale);
+    const float norm0 = !norm ? 0.0f : first ? first_norm0 : norm[j];
+    const float norm1 = !norm ? 0.0f : first ? first_norm1 : norm[j + half];
+    const float x0 = norm ? in[j] * inv * norm0 : in[j], x1 = norm ? in[j + half] * inv * norm1 : in[j + half];
     const float r0 = rope_first(x0, x1, turn), r1 = rope_second(x0, x1, turn);
     if (head < heads) {
       float* out = q + (row * heads + head) * head_dim;
@@ -543,16 +555,13 @@ int decode_attention_splits(const AttentionBatch& batch, const AttentionShape& s
   return int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
 }
 
-bool decode_attention_on_tensor_cores(const AttentionBatch& batch, const AttentionShape& shape,
+// The step itself no longer matters (session 21: the tensor-core kernel measured faster at every
+// context once it fetched its keys before its wait); kept in the signature for the policy's callers.
+bool decode_attention_on_tensor_cores(const AttentionBatch& /*batch*/, const AttentionShape& shape,
                                       const KvLayerCache& cache) {
   if (cache.dtype != KvDtype::BF16 || (shape.head_dim != 64 && shape.head_dim != 128)) return false;
   if (shape.num_kv_heads <= 0 || shape.num_heads / shape.num_kv_heads > kDecodeMaxGroup) return false;
-  const DecodeAttentionKernel choice = decode_kernel_choice().load();
-  if (choice != DecodeAttentionKernel::Auto) return choice == DecodeAttentionKernel::TensorCores;
-  // The kernel follows the keys a sequence can have: under CUDA graphs max_context is a fixed far
-  // bound, but the block tables' padded stride bounds the context until the next capture.
-  const int64_t table_keys = int64_t(batch.max_blocks) * cache.block_size;
-  return std::min(attention_context_bound(batch, shape), table_keys) >= kMmaDecodeMinContext;
+  return decode_kernel_choice().load() != DecodeAttentionKernel::CudaCores;
 }
 
 void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,

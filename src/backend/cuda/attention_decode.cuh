@@ -96,6 +96,17 @@ __device__ __forceinline__ DecodeRange decode_range(const AttentionBatch& batch,
   return r;
 }
 
+// The sinks of a block's query heads, into sink_s[group] (shared memory, read after the block's
+// next barrier), and what decode_finish takes for them. Asked for before the grid's wait: read at
+// the end, they were a DRAM round trip (a layer streams more than L2 holds) on the chain's path.
+template <int G>
+__device__ __forceinline__ const float* stage_sinks(const AttentionShape& shape, int kv_head, float (&sink_s)[G]) {
+  const int group = int(shape.num_heads / shape.num_kv_heads);
+  if (shape.sinks == nullptr) return nullptr;
+  if (int(threadIdx.x) < group) sink_s[threadIdx.x] = shape.sinks[kv_head * group + threadIdx.x];
+  return sink_s;
+}
+
 // The end of a decode block: its warps' states (max_s, sum_s and acc_s, written before a
 // __syncthreads) merged into one per head, then stored, or written as this split's partial; the
 // last split of a (sequence, KV head) to arrive merges all of them.
@@ -103,10 +114,9 @@ template <int D, int G, int kWarps, typename Out>
 __device__ __forceinline__ void decode_finish(const AttentionShape& shape, Out* out, float* partials, int* tickets,
                                               int splits, int active, int row, int kv_head, int split,
                                               const float (*max_s)[G], const float (*sum_s)[G],
-                                              const float (*acc_s)[G][D], bool& last_s) {
+                                              const float (*acc_s)[G][D], const float* sink_s, bool& last_s) {
   const int group = int(shape.num_heads / shape.num_kv_heads);
   const int64_t q_stride = shape.num_heads * D;
-  const float* sinks = shape.sinks;
   for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
     const int h = i / D, d = i % D, head = kv_head * group + h;
     float m = -INFINITY;
@@ -119,7 +129,7 @@ __device__ __forceinline__ void decode_finish(const AttentionShape& shape, Out* 
       value += acc_s[w][h][d] * f;
     }
     if (active == 1) {
-      const float denominator = sum + (sinks ? expf(sinks[head] - m) : 0.0f);
+      const float denominator = sum + (sink_s ? expf(sink_s[h] - m) : 0.0f);
       store_out(out + int64_t(row) * q_stride + int64_t(head) * D + d, denominator > 0.0f ? value / denominator : 0.0f);
     } else {
       float* partial = partials + ((int64_t(row) * shape.num_heads + head) * splits + split) * (D + 2);
@@ -154,7 +164,7 @@ __device__ __forceinline__ void decode_finish(const AttentionShape& shape, Out* 
       sum += __ldcg(base + s * (D + 2) + D + 1) * f;
       value += __ldcg(base + s * (D + 2) + d) * f;
     }
-    const float denominator = sum + (sinks ? expf(sinks[head] - m) : 0.0f);
+    const float denominator = sum + (sink_s ? expf(sink_s[h] - m) : 0.0f);
     store_out(out + int64_t(row) * q_stride + int64_t(head) * D + d, denominator > 0.0f ? value / denominator : 0.0f);
   }
 }
@@ -189,6 +199,8 @@ __global__ void __launch_bounds__(kDecodeWarps<KV> * 32)
     return chunk < chunk_hi && key <= pos ? table[key / block_size] : -1;
   };
   int next_block = table_entry(chunk_lo + warp);
+  __shared__ float sink_s[G];
+  const float* const sinks = stage_sinks(shape, kv_head, sink_s);
 
   wait_for_predecessor();
   release_dependents();
@@ -310,7 +322,7 @@ __global__ void __launch_bounds__(kDecodeWarps<KV> * 32)
   }
   __syncthreads();
   decode_finish<D, G, kWarps>(shape, out, partials, tickets, splits, active, row, kv_head, split, max_s, sum_s, acc_s,
-                              last_s);
+                              sinks, last_s);
 }
 
 }  // namespace anvil::cuda::attn

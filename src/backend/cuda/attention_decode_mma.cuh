@@ -5,10 +5,12 @@
 // The CUDA-core kernel (attention_decode.cuh) spends ~1,400 dependent FMA and shared-memory
 // instructions per lane on a 32-key chunk, with one warp per chunk. Here the same chunk is 32
 // mma.sync: 44 % fewer instructions for a gpt-oss layer at a 256-key context. At such short
-// contexts that bought little (ncu on an H200: 8.6-10.7 -> 8.3-9.2 us for a sliding layer, 13.3-13.9
-// -> 12.2 us for a full one: the kernel waits on memory round trips there) and in CUDA graphs it
-// measured 3 % slower at batch 8 (docs/perf/logs/h200/attention-mma/), so the launcher picks it
-// for long contexts only (ops.h, DecodeAttentionKernel), where the arithmetic dominates. A block owns
+// contexts that bought little alone (ncu on an H200: 8.6-10.7 -> 8.3-9.2 us for a sliding layer,
+// 13.3-13.9 -> 12.2 us for a full one: the kernel waits on memory round trips there), but in the
+// decode chain its key copies before the wait (below) keep a DRAM round trip off the step's path,
+// which the CUDA-core kernel pays after its wait: whole models on an H200 ran batch 1 2-4 % and
+// batch 64 2-3.5 % faster with it at every context, batch 8 0.3-2 % slower (session 21,
+// docs/perf/gpu.md), so the launcher takes it wherever it applies (ops.h). A block owns
 // (sequence, KV head, split) as there, and the KV head's G query heads are the n8 side of both
 // products, so each lane's two heads (2t, 2t+1) are the same in the scores' and the output's
 // accumulators and the online softmax needs no exchange but the max over keys:
@@ -116,6 +118,8 @@ __global__ void __launch_bounds__(kMmaDecodeWarps<D> * 32)
   };
   const int first_chunk = chunk_lo + warp;
   if (first_chunk < chunk_hi) copy_rows(first_chunk, false);
+  __shared__ float sink_s[G];
+  const float* const sinks = stage_sinks(shape, kv_head, sink_s);
 
   wait_for_predecessor();
   release_dependents();
@@ -248,7 +252,7 @@ __global__ void __launch_bounds__(kMmaDecodeWarps<D> * 32)
   }
   __syncthreads();
   decode_finish<D, G, kWarps>(shape, out, partials, tickets, splits, active, row, kv_head, split, max_s, sum_s, acc_s,
-                              last_s);
+                              sinks, last_s);
 }
 
 }  // namespace anvil::cuda::attn

@@ -73,9 +73,15 @@ __global__ void __launch_bounds__(kBulkWarps * 32, kBulkBlocksPerSm)
     for (int s = 0; s < stages; ++s) bulk::barrier_init(full + s, 1);
     for (int i = 0; i < min(stages, pieces); ++i) issue(i);
   }
+  // The epilogue's inputs are requested now, not after the last stage: the bias (constant, in DRAM
+  // by then: a layer streams more than L2 holds) before the wait, the old y (an earlier kernel's)
+  // right after it. Each was a round trip at the end of the chain's product otherwise.
+  const bool epilogue_thread = threadIdx.x < kBulkRows && row0 + threadIdx.x < out;
+  const float row_bias = epilogue_thread && bias != nullptr ? bias[row0 + threadIdx.x] : 0.0f;
 
   wait_for_predecessor();
   release_dependents();
+  const float old_y = epilogue_thread && accumulate ? y[row0 + threadIdx.x] : 0.0f;
   // The token, through L2: this SM's L1 may hold an earlier kernel's values at these addresses.
   for (int k = threadIdx.x * 8; k < in; k += blockDim.x * 8)
     *reinterpret_cast<uint4*>(x_s + k) = __ldcg(reinterpret_cast<const uint4*>(x + k));
@@ -113,8 +119,8 @@ __global__ void __launch_bounds__(kBulkWarps * 32, kBulkBlocksPerSm)
 #pragma unroll
     for (int w = 0; w < kBulkWarps; ++w) sum += r < 8 ? partial[w * 32 + from].x : partial[w * 32 + from].y;
     if (row < out) {
-      const float value = sum + (bias != nullptr ? bias[row] : 0.0f);
-      y[row] = accumulate ? y[row] + value : value;
+      const float value = sum + row_bias;
+      y[row] = accumulate ? old_y + value : value;
     }
   }
 }

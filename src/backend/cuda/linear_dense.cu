@@ -140,8 +140,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
   // and, with accumulate, y) may still be running.
 #pragma unroll
   for (int j = 0; j < kDepth - 1; ++j) load_w(j, va[j], vb[j]);
+  // So are the epilogue's per-row constants, requested now rather than after the last chunk (a
+  // DRAM round trip at the end of the product otherwise). A thread's epilogue entries below are
+  // i = threadIdx.x + k * blockDim.x; the row depends on i % 128 (the feature on i % 64) and
+  // blockDim.x is a multiple of 128, so each thread has one row (feature) throughout.
+  const int64_t my_row = row0 + (threadIdx.x / 4) % 32 / 4 + (threadIdx.x % 4 >= 2 ? 8 : 0);
+  const int64_t my_feature = feature0 + (threadIdx.x / 2) % 32 / 4;
+  float my_bias = 0.0f, my_up_bias = 0.0f, my_scale = 1.0f, my_up_scale = 1.0f;
+  if constexpr (kSiluMul) {
+    if (bias != nullptr) my_bias = bias[my_feature], my_up_bias = bias[out / 2 + my_feature];
+    if constexpr (kFp8) my_scale = row_scales[my_feature], my_up_scale = row_scales[out / 2 + my_feature];
+  } else if (my_row < out) {
+    if (bias != nullptr) my_bias = bias[my_row];
+    if constexpr (kFp8) my_scale = row_scales[my_row];
+  }
   wait_for_predecessor();
   release_dependents();
+  // With accumulate, the old y of the thread's first epilogue entry (i = threadIdx.x; later ones,
+  // more token tiles, read theirs at the end), on its way during the product.
+  const int first_token = int(threadIdx.x / 128) * 8 + 2 * int((threadIdx.x / 4) % 4) + int(threadIdx.x % 2);
+  const bool first_entry = !kSiluMul && accumulate && threadIdx.x < kTokenTiles * 128 && my_row < out && first_token < m;
+  const float first_old_y = first_entry ? y[int64_t(first_token) * out + my_row] : 0.0f;
   load_x(0, xv[0]);
   for (int i0 = 0; i0 < my_chunks; i0 += kDepth) {
 #pragma unroll
@@ -199,11 +218,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
       const int token = n * 8 + 2 * (l % 4) + e;
       if (token < m) {
         if constexpr (kFp8) {
-          gate *= row_scales[feature];
-          up *= row_scales[width + feature];
+          gate *= my_scale;
+          up *= my_up_scale;
         }
-        gate += bias != nullptr ? bias[feature] : 0.0f;
-        up += bias != nullptr ? bias[width + feature] : 0.0f;
+        gate += my_bias;
+        up += my_up_bias;
         const float value = gate / (1.0f + expf(-gate)) * up;  // as silu_mul_to_bf16
         y_bf16[int64_t(token) * width + feature] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
       }
@@ -218,9 +237,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 16 / kGemvWarps)
       const int token = n * 8 + 2 * (l % 4) + (j & 1);
       if (row < out && token < m) {
         float* dst = y + int64_t(token) * out + row;
-        if constexpr (kFp8) sum *= row_scales[row];
-        const float value = sum + (bias != nullptr ? bias[row] : 0.0f);
-        *dst = accumulate ? *dst + value : value;
+        if constexpr (kFp8) sum *= my_scale;
+        const float value = sum + my_bias;
+        *dst = accumulate ? (i == int(threadIdx.x) ? first_old_y : *dst) + value : value;
       }
     }
   }

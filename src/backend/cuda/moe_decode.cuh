@@ -322,6 +322,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   int64_t first_rows[kTokenTiles];
 #pragma unroll
   for (int n = 0; n < kTokenTiles; ++n) first_rows[n] = token_row(0, n);
+  // down's output slots of the first pass's tokens (this lane's columns 2t, 2t + 1 of each tile):
+  // routing, older than the predecessor, so read now rather than at the end.
+  int first_slots[kTokenTiles][2] = {};
+  if constexpr (!kGateUp) {
+#pragma unroll
+    for (int n = 0; n < kTokenTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (n * 8 + 2 * t + e < count) first_slots[n][e] = __ldcg(r.sorted_slot + begin + n * 8 + 2 * t + e);
+  }
 
   // The first pass's weights start streaming before the scales are staged; the first pass's token
   // rows above are already on their way.
@@ -421,7 +431,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
             const int token = tok0 + n * 8 + 2 * t + (j & 1);
             const bool ok = j >= 2 ? ok_b : ok_a;
             if (token < count && ok) {
-              const int64_t slot = r.sorted_slot[begin + token];
+              const int64_t slot = tok0 == 0 ? first_slots[n][j & 1] : r.sorted_slot[begin + token];
               p.out[slot * p.n + row0 + g + (j >= 2 ? 8 : 0)] = v[j];
             }
           }

@@ -180,6 +180,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   const int64_t at_a = int64_t(expert) * p.n + row0 + g, at_b = at_a + 8;
   const float bias_a = ok_a && p.bias ? p.bias[at_a] : 0.0f;
   const float bias_b = ok_b && p.bias ? p.bias[at_b] : 0.0f;
+  // down's output slot of its first token: routing, older than the predecessor (as expert above).
+  const int64_t first_slot = !kGateUp && count > 0 ? __ldcg(r.sorted_slot + begin) : 0;
   if constexpr (!kGateUp) {
     wait_for_predecessor();
     release_dependents();
@@ -251,7 +253,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
           if (ok_b) act[(row0 + g + 8) / 2] = to_bf16_bits(gated(vb, up_b, p.silu, p.limit, p.alpha));
         }
       } else if (t == 0) {
-        const int64_t slot = r.sorted_slot[begin + token];
+        const int64_t slot = token == 0 ? first_slot : r.sorted_slot[begin + token];
         if (ok_a) p.out[slot * p.n + row0 + g] = va;
         if (ok_b) p.out[slot * p.n + row0 + g + 8] = vb;
       }

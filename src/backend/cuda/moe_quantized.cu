@@ -247,6 +247,11 @@ __global__ void __launch_bounds__(1024)
   const int first = threadIdx.x * 4;
   const float4 first_residual = first < hidden ? __ldcg(reinterpret_cast<const float4*>(residual + row * hidden + first))
                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  // The next norm's weights too (constant, in DRAM by now): at the end they were one more round
+  // trip on the chain's path.
+  const float4 first_norm_weight = norm_weight != nullptr && first < hidden
+                                       ? __ldg(reinterpret_cast<const float4*>(norm_weight + first))
+                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   wait_for_predecessor();
   release_dependents();
   __syncthreads();
@@ -282,7 +287,7 @@ __global__ void __launch_bounds__(1024)
   // Each thread rereads only the values it stored itself.
   for (int i = threadIdx.x * 4; i < hidden; i += blockDim.x * 4) {
     const float4 value = *reinterpret_cast<const float4*>(residual + row * hidden + i);
-    const float4 w = *reinterpret_cast<const float4*>(norm_weight + i);
+    const float4 w = i == first ? first_norm_weight : *reinterpret_cast<const float4*>(norm_weight + i);
     uint16_t* out = norm_out + row * hidden + i;
     out[0] = mxfp4::to_bf16_bits(value.x * inv * w.x);
     out[1] = mxfp4::to_bf16_bits(value.y * inv * w.y);

@@ -236,9 +236,10 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) 
 }
 
 __global__ void gather_rows_kernel(const float* x, const int32_t* index, int64_t dim, float* out) {
+  const int64_t source_row = index[blockIdx.x];  // the step's metadata, uploaded before the step began
   wait_for_predecessor();
   release_dependents();
-  const float* src = x + int64_t(index[blockIdx.x]) * dim;
+  const float* src = x + source_row * dim;
   float* dst = out + int64_t(blockIdx.x) * dim;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
 }
@@ -375,8 +376,6 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
                                        float eps, const uint16_t* __restrict__ router, const float* __restrict__ bias,
                                        int64_t m, int64_t experts, float* __restrict__ logits,
                                        uint16_t* __restrict__ out_bf16) {
-  wait_for_predecessor();
-  release_dependents();
   const int64_t expert = blockIdx.x, row0 = int64_t(blockIdx.y) * kLinearRows;
   const int rows = int(m - row0 < kLinearRows ? m - row0 : kLinearRows);
   __shared__ float partial[kLinearRows][kLinearThreads / 32];
@@ -387,6 +386,27 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
   const bool vector = dim % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
                       (reinterpret_cast<uintptr_t>(w) & 15u) == 0 && (reinterpret_cast<uintptr_t>(norm_weight) & 15u) == 0;
   const int64_t vector_end = vector ? dim : 0;
+  // The constants (router row, norm weights, bias: in DRAM by now, a layer streams more than L2
+  // holds) of the thread's first kPreloaded steps, requested before the wait; each was a round
+  // trip on the chain's path after the norm's reduction otherwise.
+  constexpr int kPreloaded = 4;  // 4096 inputs
+  uint4 w_pre[kPreloaded];
+  float4 scale_pre[kPreloaded][2];
+#pragma unroll
+  for (int p = 0; p < kPreloaded; ++p) {
+    const int64_t i8 = threadIdx.x + int64_t(p) * kLinearThreads;
+    if (i8 < vector_end / 8) {
+      w_pre[p] = __ldg(reinterpret_cast<const uint4*>(w) + i8);
+      scale_pre[p][0] = __ldg(reinterpret_cast<const float4*>(norm_weight) + 2 * i8);
+      scale_pre[p][1] = __ldg(reinterpret_cast<const float4*>(norm_weight) + 2 * i8 + 1);
+    }
+  }
+  const float expert_bias = bias ? bias[expert] : 0.0f;
+  const int64_t share = (dim + gridDim.x - 1) / gridDim.x, first = expert * share;
+  const int64_t last = first + share < dim ? first + share : dim;
+  const float first_share_scale = first + threadIdx.x < last ? norm_weight[first + threadIdx.x] : 0.0f;
+  wait_for_predecessor();
+  release_dependents();
   float squares[kLinearRows] = {};
   for (int64_t i8 = threadIdx.x; i8 < vector_end / 8; i8 += kLinearThreads)
 #pragma unroll
@@ -412,10 +432,23 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
   for (int r = 0; r < kLinearRows; ++r) inv[r] = r < rows ? inverse[r] : 0.0f;
 
   float sum[kLinearRows] = {};
-  for (int64_t i8 = threadIdx.x; i8 < vector_end / 8; i8 += kLinearThreads) {
+  int p = 0;
+  for (int64_t i8 = threadIdx.x; i8 < vector_end / 8; i8 += kLinearThreads, ++p) {
     float scales[8], wf[8];
-    load8_f32(norm_weight + 8 * i8, scales);
-    bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(w) + i8), wf);
+    if (p < kPreloaded) {
+      // Indexed by constants only (the loop is unrolled that far), so the arrays stay in registers.
+#pragma unroll
+      for (int q = 0; q < kPreloaded; ++q)
+        if (q == p) {
+          const float4 a = scale_pre[q][0], b = scale_pre[q][1];
+          scales[0] = a.x, scales[1] = a.y, scales[2] = a.z, scales[3] = a.w;
+          scales[4] = b.x, scales[5] = b.y, scales[6] = b.z, scales[7] = b.w;
+          bf16x8_to_f32(w_pre[q], wf);
+        }
+    } else {
+      load8_f32(norm_weight + 8 * i8, scales);
+      bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(w) + i8), wf);
+    }
 #pragma unroll
     for (int r = 0; r < kLinearRows; ++r)
       if (r < rows) {
@@ -432,13 +465,13 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
       if (r < rows) sum[r] = fmaf(x[(row0 + r) * dim + i] * inv[r] * scale, wi, sum[r]);
   }
   const float total = block_row_sum(sum, partial);
-  if (threadIdx.x < rows) logits[(row0 + threadIdx.x) * experts + expert] = total + (bias ? bias[expert] : 0.0f);
+  if (threadIdx.x < rows) logits[(row0 + threadIdx.x) * experts + expert] = total + expert_bias;
 
-  const int64_t share = (dim + gridDim.x - 1) / gridDim.x, first = expert * share;
-  const int64_t last = first + share < dim ? first + share : dim;
   for (int r = 0; r < rows; ++r)
-    for (int64_t i = first + threadIdx.x; i < last; i += kLinearThreads)
-      out_bf16[(row0 + r) * dim + i] = float_to_bf16_bits(x[(row0 + r) * dim + i] * inv[r] * norm_weight[i]);
+    for (int64_t i = first + threadIdx.x; i < last; i += kLinearThreads) {
+      const float scale = i == first + threadIdx.x ? first_share_scale : norm_weight[i];
+      out_bf16[(row0 + r) * dim + i] = float_to_bf16_bits(x[(row0 + r) * dim + i] * inv[r] * scale);
+    }
 }
 
 int threads_for(int64_t width) { return width >= 1024 ? 1024 : width >= 256 ? 256 : 128; }

@@ -285,7 +285,9 @@ void silu_mul_to_bf16(const float* gate_up, int64_t rows, int64_t width, uint16_
 // The same with float32 out (the float32 compute mode).
 void silu_mul_f32(const float* gate_up, int64_t rows, int64_t width, float* out, Stream stream);
 
-// out[i] = x[index[i]] for rows of dim floats (the rows that need logits).
+// out[i] = x[index[i]] for rows of dim floats (the rows that need logits). `index` is read before
+// the kernel waits for its chained predecessor: it must come from the host (the step's metadata),
+// not from the kernel just before.
 void gather_rows_f32(const float* x, const int32_t* index, int64_t n, int64_t dim, float* out, Stream stream);
 
 // Row-wise argmax over float32 logits [rows, vocab] (ties to the lower index).
@@ -340,7 +342,9 @@ struct QkNorm {
 
 // split_qkv_rope and kv_cache_write in one launch: q goes to `q` (rotated), k (rotated) and v go
 // straight into the cache, with the same values the two calls would store. With qk_norm, the same
-// for split_qkv_norm_rope and kv_cache_write.
+// for split_qkv_norm_rope and kv_cache_write. The batch's tables and `positions` are read before
+// the kernel waits for its chained predecessor (as paged_attention reads its block tables): they
+// must come from the host, not from the kernel just before.
 void split_qkv_rope_to_cache(const float* qkv, const AttentionBatch& batch, const AttentionShape& shape,
                              const int32_t* positions, const float* inv_freq, float mscale, float* q,
                              const KvLayerCache& cache, Stream stream, const QkNorm* qk_norm = nullptr);
@@ -359,13 +363,13 @@ void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, c
                      Stream stream);
 
 // Which kernel runs decode attention with a bf16 cache, head_dim 64 or 128 and up to 8 query heads
-// per KV head: by default (Auto) the tensor-core one (attention_decode_mma.cuh) for contexts of
-// kMmaDecodeMinContext keys and more, where the CUDA-core kernel's arithmetic is what costs, and the
-// CUDA-core one below that, where latency does and it measured faster. ANVIL_ATTENTION_MMA=0 / =1
-// at start picks one kernel everywhere, as set_decode_attention_kernel does; for tests and A/B
-// measurements (a captured graph keeps the kernel it was captured with).
+// per KV head: by default (Auto) the tensor-core one (attention_decode_mma.cuh) at every context
+// (H200, whole models: batch 1 +2 to +4 %, batch 64 +2 to +3.5 %, batch 8 -0.3 to -2 %; it copies
+// its first keys before waiting for the previous kernel, docs/perf/gpu.md session 21); other caches
+// and shapes take the CUDA-core one. ANVIL_ATTENTION_MMA=0 / =1 at start picks one kernel
+// everywhere, as set_decode_attention_kernel does; for tests and A/B measurements (a captured
+// graph keeps the kernel it was captured with).
 enum class DecodeAttentionKernel { Auto, CudaCores, TensorCores };
-constexpr int64_t kMmaDecodeMinContext = 2048;
 void set_decode_attention_kernel(DecodeAttentionKernel kernel);
 // The choice itself for a decode step (one new token per sequence) of one layer: true where the
 // tensor-core kernel runs. Host code only (no GPU needed), so tests can pin it.

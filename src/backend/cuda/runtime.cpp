@@ -106,7 +106,7 @@ std::vector<OpKernel> portable_ops(bool chained_launch, bool bulk_copy = false) 
        "GEMM for long prompts"},
       {"attention",
        "paged, fp32 online softmax, sinks + window: tiled (prefill), one pass with in-kernel split merge (decode; "
-       "mma.sync from a 2048-key context with a bf16 cache)"},
+       "mma.sync with a bf16 cache)"},
       {"norm_rope_embed", "elementwise (fp32)"},
       {kLaunchOp, chained_launch ? kLaunchChained : "stream order"},
   };
