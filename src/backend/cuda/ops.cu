@@ -436,7 +436,7 @@ __global__ void rms_norm_router_kernel(const float* __restrict__ x, int64_t dim,
   for (int64_t i8 = threadIdx.x; i8 < vector_end / 8; i8 += kLinearThreads, ++p) {
     float scales[8], wf[8];
     if (p < kPreloaded) {
-      // Indexed by constants only (the loop is unrolled that far), so the arrays stay in registers.
+      // Picked by comparing p with constants (q is unrolled), so the arrays stay in registers.
 #pragma unroll
       for (int q = 0; q < kPreloaded; ++q)
         if (q == p) {
