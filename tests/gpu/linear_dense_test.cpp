@@ -273,10 +273,13 @@ TEST(CudaLinearBf16, BulkGemvEqualsTheRegisterRingBitForBit) {
       cuda::allow_bulk_copy_kernels(bulk);
       auto d_y = to_device(start);
       const float* b = c.bias ? d_bias.get<float>() : nullptr;
+      const uint64_t launches = cuda::bulk_gemv_launch_count();
       if (c.accumulate)
         cuda::linear_add(dw, b, d_x.get<uint16_t>(), 1, c.out, c.in, d_y.get<float>(), nullptr);
       else
         cuda::linear(dw, b, d_x.get<uint16_t>(), 1, c.out, c.in, d_y.get<float>(), nullptr);
+      // Which kernel ran: otherwise the comparison below would pass with the ring on both sides.
+      EXPECT_EQ(cuda::bulk_gemv_launch_count() - launches, bulk ? 1u : 0u) << (bulk ? "bulk" : "ring") << " call";
       cuda::allow_bulk_copy_kernels(true);
       return test::to_host<float>(d_y, size_t(c.out));
     };

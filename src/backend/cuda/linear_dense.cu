@@ -9,6 +9,7 @@
 // block (fits SM120's 99 KB), tile sizes picked so the grid still fills the GPU. The row scale of
 // FP8 weights is applied to the fp32 result, so both formats share the kernels.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -503,8 +504,11 @@ BulkGemvPlan plan_bulk_gemv(int64_t blocks, int in) {
           std::min(gemv::bulk_smem_bytes(gemv::kBulkMaxStages, gemv::kBulkMaxIn), size_t(per_block_bytes))};
 }
 
+std::atomic<uint64_t> bulk_gemv_launches{0};
+
 void launch_bulk_gemv(const void* weight, const float* bias, const uint16_t* x, int out, int in, float* y,
                       bool accumulate, cudaStream_t stream) {
+  bulk_gemv_launches.fetch_add(1, std::memory_order_relaxed);
   const int64_t blocks = ceil_div(out, gemv::kBulkRows);
   const BulkGemvPlan plan = plan_bulk_gemv(blocks, in);
   allow_smem<gemv::gemv_bulk_kernel>(plan.grant);
@@ -653,6 +657,8 @@ void linear_bf16_add(const uint16_t* weight, const float* bias, const uint16_t* 
                      int64_t in_features, float* y, Stream stream) {
   linear_impl("linear_bf16_add", bf16_weights(weight), bias, x, m, out_features, in_features, y, true, stream);
 }
+
+uint64_t bulk_gemv_launch_count() { return bulk_gemv_launches.load(std::memory_order_relaxed); }
 
 bool bulk_gemv_runs(int64_t out_features, int64_t in_features) {
   return out_features > 0 && in_features > 0 && out_features <= INT32_MAX && in_features <= INT32_MAX &&

@@ -48,6 +48,8 @@ void linear_add(const DenseWeight& weight, const float* bias, const uint16_t* x,
 // streams_early) runs on the bulk-copy GEMV (gemv_bulk.cuh) on the current device: where its
 // kernel-table row has it and allow_bulk_copy_kernels has not turned it off.
 bool bulk_gemv_runs(int64_t out_features, int64_t in_features);
+// How many bulk-copy GEMVs this process has launched: lets a test see which kernel a call took.
+uint64_t bulk_gemv_launch_count();
 // A dense MLP's first half: out[m, width] = silu(gate) · up in bf16, where gate_up [2 * width, in]
 // holds the gate rows, then the up rows (no bias). Where `linear` would run its matrix-vector
 // kernel (few rows), one launch whose gate and up sums are linear's, bit for bit; otherwise linear

@@ -143,11 +143,14 @@ const ArchKernels& kernels_for(int major, int minor) {
        supported);
 }
 
+// A feature switch that is on unless `env_name` is "0" at start (tests and A/B runs turn it off).
+static bool on_unless_env_zero(const char* env_name) {
+  const char* env = std::getenv(env_name);
+  return !(env && std::string(env) == "0");
+}
+
 static std::atomic<bool>& chained_launch_allowed() {
-  static std::atomic<bool> allowed{[] {
-    const char* env = std::getenv("ANVIL_CHAINED_LAUNCH");
-    return !(env && std::string(env) == "0");
-  }()};
+  static std::atomic<bool> allowed{on_unless_env_zero("ANVIL_CHAINED_LAUNCH")};
   return allowed;
 }
 
@@ -189,10 +192,7 @@ bool chained_launch_enabled() {
 }
 
 static std::atomic<bool>& bulk_copy_allowed() {
-  static std::atomic<bool> allowed{[] {
-    const char* env = std::getenv("ANVIL_BULK_COPY");
-    return !(env && std::string(env) == "0");
-  }()};
+  static std::atomic<bool> allowed{on_unless_env_zero("ANVIL_BULK_COPY")};
   return allowed;
 }
 
