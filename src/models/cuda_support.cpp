@@ -203,11 +203,11 @@ DeviceWeights::Experts DeviceWeights::quantized_experts(const std::vector<std::v
   // MXFP4 is quantized one expert at a time into checkpoint order (mx_codes, mx_scales), then laid
   // out (mxfp4_lay_out); the other formats are written in place.
   const bool mx = format == cuda::ExpertFormat::MXFP4;
-  const int64_t stored_row_bytes = mx ? cuda::mxfp4_device_row_bytes(in) : row_bytes;
-  const int64_t stored_scale_cols = mx ? cuda::mxfp4_device_scale_row_bytes(in) : scale_cols;
+  const int64_t stored_row_bytes = cuda::expert_code_row_bytes(format, in);
+  const int64_t stored_scale_cols = cuda::expert_scale_row_bytes(format, in);
   auto* codes = static_cast<uint8_t*>(allocate(size_t(experts * n * stored_row_bytes)));
-  auto* scales = scale_cols > 0 ? static_cast<uint8_t*>(allocate(size_t(experts * n * stored_scale_cols))) : nullptr;
-  auto* row_scales = !mx ? static_cast<float*>(allocate(size_t(experts * n) * 4)) : nullptr;
+  auto* scales = stored_scale_cols > 0 ? static_cast<uint8_t*>(allocate(size_t(experts * n * stored_scale_cols))) : nullptr;
+  auto* row_scales = cuda::expert_row_scale_bytes(format) > 0 ? static_cast<float*>(allocate(size_t(experts * n) * 4)) : nullptr;
   cuda::DeviceBuffer staging(size_t(rows * in) * 2);
   cuda::DeviceBuffer mx_codes(mx ? size_t(n * row_bytes) : 0), mx_scales(mx ? size_t(n * scale_cols) : 0);
   for (int64_t e = 0; e < experts; ++e) {

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/cuda/mxfp4_f16_layout.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "formats/model_config.h"
@@ -535,13 +536,46 @@ std::vector<fs::path> safetensors_files(const fs::path& model_dir, std::vector<s
   return files;
 }
 
+namespace {
+
+// What an expert tensor takes on the GPU: an MXFP4 `*_blocks` [..., K/32, 16] or `*_scales`
+// [..., K/32] uint8 tensor in whole 128-code chunks per row; anything else as stored.
+uint64_t device_bytes(const std::string& name, WeightComponent component, const TensorView& view) {
+  const uint64_t stored = view.nbytes();
+  if (component != WeightComponent::Experts || view.dtype != DType::U8 || view.shape.empty()) return stored;
+  const auto& shape = view.shape;
+  if (name.ends_with("_blocks") && shape.size() >= 2 && shape.back() == 16 && shape[shape.size() - 2] > 0) {
+    const int64_t blocks = shape[shape.size() - 2];
+    return uint64_t(view.numel() / (blocks * 16)) * uint64_t(cuda::mxfp4::f16_row_bytes(int(32 * blocks)));
+  }
+  if (name.ends_with("_scales") && shape.back() > 0) {
+    const int64_t blocks = shape.back();
+    return uint64_t(view.numel() / blocks) * uint64_t(cuda::mxfp4::f16_scale_row_bytes(int(32 * blocks)));
+  }
+  return stored;
+}
+
+// gpt-oss-style MXFP4 experts from config.json: `matrices` matrices of `rows` x `in`, in whole
+// 128-code chunks per row (codes and E8M0 scales), as device_bytes counts their tensors.
+uint64_t mxfp4_expert_bytes(uint64_t matrices, uint64_t rows, uint64_t in) {
+  const int k = int(in);
+  return matrices * rows * uint64_t(cuda::mxfp4::f16_row_bytes(k) + cuda::mxfp4::f16_scale_row_bytes(k));
+}
+
+}  // namespace
+
 WeightBytes weights_from_headers(const std::vector<fs::path>& files) {
   WeightBytes weights;
   weights.from_headers = true;
   weights.files = files;
   for (const auto& file : files) {
     const SafetensorsHeader header = read_safetensors_header(file);
-    for (const auto& [name, view] : header.tensors) weights[classify_tensor(name)] += view.nbytes();
+    for (const auto& [name, view] : header.tensors) {
+      const WeightComponent component = classify_tensor(name);
+      const uint64_t held = device_bytes(name, component, view);
+      weights[component] += held;
+      weights.layout_padding += held - view.nbytes();
+    }
   }
   weights.source = fmt::format("safetensors headers ({} file{})", files.size(), files.size() == 1 ? "" : "s");
   return weights;
@@ -571,8 +605,13 @@ WeightBytes estimate_weights(const ModelShape& s) {
   w[WeightComponent::Mlp] = dense.bytes(dense_layers * 3 * H * uint64_t(s.intermediate_size)) +
                             dense.bytes(moe_layers * 3 * H * uint64_t(s.shared_expert_intermediate_size));
   const uint64_t I = uint64_t(s.expert_intermediate_size);
-  w[WeightComponent::Experts] = linear.bytes(moe_layers * E * 3 * H * I) +
-                                (gpt_oss ? moe_layers * E * (2 * I + H) * dt : 0);  // gpt-oss expert biases
+  uint64_t experts = linear.bytes(moe_layers * E * 3 * H * I);
+  if (s.format.method == "mxfp4" && H % 32 == 0 && I % 32 == 0) {  // checkpoints with *_blocks / *_scales
+    const uint64_t held = mxfp4_expert_bytes(moe_layers * E, 2 * I, H) + mxfp4_expert_bytes(moe_layers * E, H, I);
+    w.layout_padding = held - experts;
+    experts = held;
+  }
+  w[WeightComponent::Experts] = experts + (gpt_oss ? moe_layers * E * (2 * I + H) * dt : 0);  // gpt-oss expert biases
   w[WeightComponent::Router] = moe_layers * E * (H + (gpt_oss ? 1 : 0)) * dt;
   w[WeightComponent::Norms] = (L * 2 * H + H + (s.qk_norm ? L * 2 * hd : 0)) * dt;
   w[WeightComponent::Embeddings] = uint64_t(s.vocab_size) * H * dt;
@@ -759,7 +798,12 @@ json plan_to_json(const Plan& plan) {
   json out = {
       {"model", model},
       {"weights_bytes", plan.weights.total()},
-      {"weights", {{"source", plan.weights.source}, {"exact", plan.weights.from_headers}, {"by_component", components}}},
+      {"weights",
+       {{"source", plan.weights.source},
+        {"exact", plan.weights.from_headers},
+        {"by_component", components},
+        {"checkpoint_bytes", plan.weights.checkpoint_total()},
+        {"layout_padding_bytes", plan.weights.layout_padding}}},
       {"kv_cache_dtype", kv_cache_dtype_name(plan.options.kv_cache_dtype)},
       {"kv_bytes_per_token", plan.kv_bytes_per_token},
       {"kv_by_layer_type", layer_types},
@@ -799,6 +843,9 @@ std::string format_plan_text(const Plan& plan) {
   line(fmt::format("Weights: {} ({}), {}{}", format_gb(plan.weights.total()), format_gib(double(plan.weights.total())),
                    plan.weights.source, plan.weights.from_headers ? "" : " [estimate]"));
   if (!plan.weights.from_headers) line("  format: " + m.format.description);
+  if (plan.weights.layout_padding > 0)
+    line(fmt::format("  as held on the GPU: the checkpoint's {} + {} (MXFP4 expert rows padded to whole 128-code chunks)",
+                     format_gb(plan.weights.checkpoint_total()), format_gb(plan.weights.layout_padding)));
   for (size_t i = 0; i < kWeightComponentCount; ++i) {
     if (plan.weights.by_component[i] == 0) continue;
     line(fmt::format("  {:<11} {:>10}", component_name(WeightComponent(i)), format_gb(plan.weights.by_component[i])));

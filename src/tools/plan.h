@@ -73,12 +73,18 @@ const char* component_name(WeightComponent component);
 // Which component a checkpoint tensor belongs to, by its name.
 WeightComponent classify_tensor(const std::string& name);
 
+// The bytes anvil holds on the GPU. Those are the checkpoint's, except that MXFP4 experts
+// (`*_blocks` / `*_scales`) are held in whole 128-code chunks per row (mxfp4_f16_layout.h):
+// gpt-oss's K = 2,880 takes 92 blocks instead of 90, +2.2 %. `layout_padding` is that growth,
+// already inside by_component (Experts) and total().
 struct WeightBytes {
   std::array<uint64_t, kWeightComponentCount> by_component{};
   bool from_headers = false;  // exact (safetensors headers); else estimated from config.json
   std::string source;         // for people
   std::vector<std::filesystem::path> files;  // the safetensors files read
+  uint64_t layout_padding = 0;
   uint64_t total() const;
+  uint64_t checkpoint_total() const { return total() - layout_padding; }
   uint64_t& operator[](WeightComponent c) { return by_component[size_t(c)]; }
   uint64_t operator[](WeightComponent c) const { return by_component[size_t(c)]; }
 };

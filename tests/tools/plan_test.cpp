@@ -44,35 +44,44 @@ void expect_one_line_failure(const test::CommandResult& result, const std::vecto
 //     biases 4096 + 512 + 512 + 2880 = 8,000, sinks 64 -> 26,550,144 bf16 = 53,100,288 B;
 //     x 36 = 1,911,610,368 B
 //   experts per layer: 128 x 3 x 2880 x 2880 = 3,185,049,600 weights at 4.25 bits (4-bit values +
-//     one E8M0 byte per 32) = 3,185,049,600 x 17/32 = 1,692,057,600 B, plus biases 128 x (5760 +
-//     2880) x 2 = 2,211,840 B; x 36 = 60,993,699,840 B
+//     one E8M0 byte per 32) = 3,185,049,600 x 17/32 = 1,692,057,600 B in the checkpoint, plus biases
+//     128 x (5760 + 2880) x 2 = 2,211,840 B; x 36 = 60,993,699,840 B
 //   router: 36 x 128 x (2880 + 1) x 2 = 26,551,296 B
 //   norms: (36 x 2 + 1) x 2880 x 2 = 420,480 B
 //   embeddings = lm_head = 201,088 x 2880 x 2 = 1,158,266,880 B each
-//   weights = 65,248,815,744 B (65.25 GB, the spec's figure)
+//   checkpoint = 65,248,815,744 B (65.25 GB, the spec's figure)
+// On the GPU each expert row of K = 2,880 codes (90 blocks) is held as 23 whole 128-code chunks:
+//   23 x 64 B of codes + 23 x 4 B of scales = 1,564 B instead of 1,530 B; 128 x (5760 + 2880) rows
+//   x 1,564 B = 1,729,658,880 B per layer instead of 1,692,057,600 B, so +1,353,646,080 B over 36
+//   layers: weights = 66,602,461,824 B (66.60 GB).
 // KV (bf16): one layer holds 2 (K and V) x 8 heads x 64 x 2 B = 2,048 B per token.
 //   18 full-attention layers: 36,864 B per token of context.
 //   18 sliding layers (window 128): 36,864 B per token, at most 128 tokens = 4,718,592 B per sequence.
 // Budget: 96 GiB x 0.90 = 92,771,293,593 B; activation reserve 1 GiB + 2048 x 64 KiB = 1,207,959,552 B;
-//   KV cache = 92,771,293,593 - 65,248,815,744 - 1,207,959,552 = 26,314,518,297 B.
+//   KV cache = 92,771,293,593 - 66,602,461,824 - 1,207,959,552 = 24,960,872,217 B.
 // One sequence of 131,072 (max_position_embeddings) = 36,864 x 131,072 + 4,718,592 = 4,836,556,800 B
-//   -> max concurrency floor(26,314,518,297 / 4,836,556,800) = 5.
-// KV tokens: (26,314,518,297 - 5 x 4,718,592) / 36,864 = 713,186 (full-attention positions once each
+//   -> max concurrency floor(24,960,872,217 / 4,836,556,800) = 5.
+// KV tokens: (24,960,872,217 - 5 x 4,718,592) / 36,864 = 676,466 (full-attention positions once each
 //   of the 5 sequences has its window).
-// Longest context by memory: (26,314,518,297 - 4,718,592) / 36,864 = 713,698, capped at 131,072.
+// Longest context by memory: (24,960,872,217 - 4,718,592) / 36,864 = 676,978, capped at 131,072.
 TEST(Plan, GptOss120bMatchesHandDerivation) {
   const uint64_t attention = 36ull * (2880 * 4096 + 2 * 2880 * 512 + 4096 * 2880 + 8000 + 64) * 2;
   ASSERT_EQ(attention, 1911610368ull);
-  const uint64_t experts = 36ull * (128ull * 3 * 2880 * 2880 * 17 / 32 + 128ull * (5760 + 2880) * 2);
-  ASSERT_EQ(experts, 60993699840ull);
+  const uint64_t expert_biases = 36ull * 128 * (5760 + 2880) * 2;
+  const uint64_t checkpoint_experts = 36ull * 128 * 3 * 2880 * 2880 * 17 / 32 + expert_biases;
+  ASSERT_EQ(checkpoint_experts, 60993699840ull);
+  const uint64_t experts = 36ull * 128 * (5760 + 2880) * (23 * 64 + 23 * 4) + expert_biases;
+  const uint64_t padding = experts - checkpoint_experts;
+  ASSERT_EQ(padding, 1353646080ull);
   const uint64_t router = 36ull * 128 * 2881 * 2, norms = 73ull * 2880 * 2, embeddings = 201088ull * 2880 * 2;
   const uint64_t weights = attention + experts + router + norms + 2 * embeddings;
-  ASSERT_EQ(weights, 65248815744ull);
+  ASSERT_EQ(weights - padding, 65248815744ull);
+  ASSERT_EQ(weights, 66602461824ull);
   const uint64_t usable = 96ull * (1ull << 30) * 9 / 10;
   ASSERT_EQ(usable, 92771293593ull);
   const uint64_t reserve = (1ull << 30) + 2048ull * 65536;
   const uint64_t kv_cache = usable - weights - reserve;
-  ASSERT_EQ(kv_cache, 26314518297ull);
+  ASSERT_EQ(kv_cache, 24960872217ull);
   const uint64_t per_token = 18ull * 8 * 64 * 2 * 2;
   ASSERT_EQ(per_token, 36864ull);
   const uint64_t window_bytes = 18ull * 8 * 64 * 2 * 2 * 128;
@@ -80,8 +89,8 @@ TEST(Plan, GptOss120bMatchesHandDerivation) {
   const uint64_t concurrency = kv_cache / sequence;
   ASSERT_EQ(concurrency, 5ull);
   const uint64_t kv_tokens = (kv_cache - concurrency * window_bytes) / per_token;
-  ASSERT_EQ(kv_tokens, 713186ull);
-  ASSERT_EQ((kv_cache - window_bytes) / per_token, 713698ull);
+  ASSERT_EQ(kv_tokens, 676466ull);
+  ASSERT_EQ((kv_cache - window_bytes) / per_token, 676978ull);
 
   const std::string args = quoted(source_dir() / "configs/gpt-oss-120b") +
                            " --gpu-memory 96 --gpu-memory-utilization 0.90 --kv-cache-dtype bf16";
@@ -90,6 +99,8 @@ TEST(Plan, GptOss120bMatchesHandDerivation) {
   const json& parts = plan.at("weights").at("by_component");
   EXPECT_EQ(parts.at("attention").get<uint64_t>(), attention);
   EXPECT_EQ(parts.at("experts").get<uint64_t>(), experts);
+  EXPECT_EQ(plan.at("weights").at("checkpoint_bytes").get<uint64_t>(), weights - padding);
+  EXPECT_EQ(plan.at("weights").at("layout_padding_bytes").get<uint64_t>(), padding);
   EXPECT_EQ(parts.at("router").get<uint64_t>(), router);
   EXPECT_EQ(parts.at("norms").get<uint64_t>(), norms);
   EXPECT_EQ(parts.at("embeddings").get<uint64_t>(), embeddings);
@@ -104,7 +115,7 @@ TEST(Plan, GptOss120bMatchesHandDerivation) {
   EXPECT_EQ(plan.at("max_concurrency").get<uint64_t>(), concurrency);
   EXPECT_EQ(plan.at("kv_tokens").get<uint64_t>(), kv_tokens);
   EXPECT_EQ(plan.at("max_context_tokens").get<int64_t>(), 131072);
-  EXPECT_EQ(plan.at("max_context_tokens_by_memory").get<int64_t>(), 713698);
+  EXPECT_EQ(plan.at("max_context_tokens_by_memory").get<int64_t>(), 676978);
   EXPECT_TRUE(plan.at("fits").get<bool>());
   EXPECT_TRUE(plan.at("model").at("served_by_anvil").get<bool>());
 
@@ -125,8 +136,9 @@ TEST(Plan, GptOss120bMatchesHandDerivation) {
   // The text form prints the same numbers.
   const auto text = run_anvil("plan " + args);
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  for (const char* needle : {"65.25 GB", "36,864 B/token", "window 128", "KV tokens: 713,186",
-                             "Max concurrency at 131,072 tokens: 5 (5.44x)", "131,072 tokens (the model's limit; memory allows 713,698)",
+  for (const char* needle : {"66.60 GB", "the checkpoint's 65.25 GB + 1.35 GB", "36,864 B/token", "window 128",
+                             "KV tokens: 676,466", "Max concurrency at 131,072 tokens: 5 (5.16x)",
+                             "131,072 tokens (the model's limit; memory allows 676,978)",
                              "[estimate]"})
     EXPECT_NE(text.out.find(needle), std::string::npos) << "missing '" << needle << "' in:\n" << text.out;
 }
@@ -137,8 +149,10 @@ TEST(Plan, Fp8KvHalvesTheBytesPerToken) {
   EXPECT_EQ(bf16.at("kv_bytes_per_token").get<uint64_t>(), 12u * 8 * 64 * 2 * 2);
   EXPECT_EQ(fp8.at("kv_bytes_per_token").get<uint64_t>(), 12u * 8 * 64 * 2);
   EXPECT_GT(fp8.at("kv_tokens").get<uint64_t>(), bf16.at("kv_tokens").get<uint64_t>() * 19 / 10);
-  // gpt-oss-20b: 24 layers, 32 experts; 13.76 GB per the spec.
-  EXPECT_NEAR(bf16.at("weights_bytes").get<double>() / 1e9, 13.76, 0.01);
+  // gpt-oss-20b: 24 layers, 32 experts; 13.76 GB in the checkpoint per the spec, and each expert
+  // row 2.2 % more on the GPU (1,564 B for 1,530).
+  EXPECT_NEAR(bf16.at("weights").at("checkpoint_bytes").get<double>() / 1e9, 13.76, 0.01);
+  EXPECT_EQ(bf16.at("weights").at("layout_padding_bytes").get<uint64_t>(), 24ull * 32 * (5760 + 2880) * 34);
 }
 
 // Qwen3-32B (configs/Qwen3-32B): dense, 64 layers, H = 5120, 64 q heads / 8 KV heads of 128,
@@ -185,7 +199,8 @@ TEST(Plan, WeightsFromSafetensorsHeaders) {
     const fs::path dir = test::fixtures_dir() / fixture;
     const tools::Plan plan = tools::make_plan(dir, tools::PlanOptions{});
     EXPECT_TRUE(plan.weights.from_headers);
-    EXPECT_EQ(plan.weights.total(), Checkpoint(dir).total_bytes());
+    EXPECT_EQ(plan.weights.checkpoint_total(), Checkpoint(dir).total_bytes());
+    EXPECT_EQ(plan.weights.layout_padding, 0u) << "every fixture's K is whole 128-code chunks";
     EXPECT_TRUE(plan.model.served);
     EXPECT_EQ(plan.weights[tools::WeightComponent::Other], 0u) << "every fixture tensor has a component";
     EXPECT_GT(plan.weights[tools::WeightComponent::Attention], 0u);
@@ -390,6 +405,26 @@ TEST(Plan, HeaderReaderDoesNotNeedTheData) {
   ASSERT_EQ(ok.tensors.size(), 1u);
   EXPECT_EQ(ok.tensors.at("w").nbytes(), 32u);
   EXPECT_EQ(ok.tensors.at("w").data, nullptr);
+}
+
+// MXFP4 experts are held in whole 128-code chunks per row on the GPU (mxfp4_f16_layout.h): from
+// headers, a row of K = 2,880 (90 blocks) takes 23 x 64 B of codes and 23 x 4 B of scales, and
+// other tensors (a bf16 expert bias, the attention) count as stored.
+TEST(Plan, HeadersCountMxfp4ExpertsAsTheGpuHoldsThem) {
+  test::TempDir dir;
+  const std::string prefix = "model.layers.0.mlp.experts.";
+  const std::string header = R"({")" + prefix + R"(gate_up_proj_blocks": {"dtype": "U8", "shape": [2, 6, 90, 16], "data_offsets": [0, 17280]},)" +
+                             R"(")" + prefix + R"(gate_up_proj_scales": {"dtype": "U8", "shape": [2, 6, 90], "data_offsets": [17280, 18360]},)" +
+                             R"(")" + prefix + R"(gate_up_proj_bias": {"dtype": "BF16", "shape": [2, 6], "data_offsets": [18360, 18384]},)" +
+                             R"("model.layers.0.self_attn.q_proj.weight": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [18384, 18416]}})";
+  std::string length(8, '\0');
+  for (size_t i = 0, n = header.size(); i < 8; ++i, n >>= 8) length[i] = char(n & 0xFF);
+  test::write_file(dir.path() / "model.safetensors", length + header + std::string(18416, '\0'));
+  const tools::WeightBytes weights = tools::weights_from_headers({dir.path() / "model.safetensors"});
+  EXPECT_EQ(weights[tools::WeightComponent::Experts], 12u * 23 * 64 + 12u * 23 * 4 + 24);
+  EXPECT_EQ(weights[tools::WeightComponent::Attention], 32u);
+  EXPECT_EQ(weights.checkpoint_total(), 18416u);
+  EXPECT_EQ(weights.layout_padding, 12u * (23 * 64 - 90 * 16) + 12u * (23 * 4 - 90));
 }
 
 }  // namespace

@@ -471,9 +471,6 @@ void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream) {
   ANVIL_CUDA_LAUNCHED();
 }
 
-static_assert(mxfp4::f16_row_bytes(2880) == 1472 && mxfp4::f16_scale_row_bytes(2880) == 92,
-              "ops.h's mxfp4_device_row_bytes / scale_row_bytes follow mxfp4_f16_layout.h");
-
 void mxfp4_lay_out(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t in_features,
                    uint8_t* device_codes, uint8_t* device_scales, Stream stream) {
   if (rows < 0 || in_features < 32 || in_features % 32 != 0 || in_features > INT32_MAX / 2)
@@ -482,9 +479,6 @@ void mxfp4_lay_out(const uint8_t* codes, const uint8_t* scales, int64_t rows, in
   if (!codes || !scales || !device_codes || !device_scales) invalid("mxfp4_lay_out: null pointer");
   if (reinterpret_cast<uintptr_t>(device_codes) % 4 != 0 || reinterpret_cast<uintptr_t>(device_scales) % 4 != 0)
     invalid("mxfp4_lay_out: the device layout's codes and scales must be 4-byte aligned");
-  if (mxfp4_device_row_bytes(in_features) != mxfp4::f16_row_bytes(int(in_features)) ||
-      mxfp4_device_scale_row_bytes(in_features) != mxfp4::f16_scale_row_bytes(int(in_features)))
-    invalid("mxfp4_lay_out: ops.h and mxfp4_f16_layout.h disagree on the row bytes");
   const int64_t words = rows * (mxfp4_device_row_bytes(in_features) / 4);
   mxfp4_lay_out_kernel<<<grid_stride_blocks(words), 256, 0, as_stream(stream)>>>(
       codes, scales, rows, int(in_features), reinterpret_cast<uint32_t*>(device_codes),

@@ -18,14 +18,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-// Bytes per row of codes and of block scales (FP8 has none) of a K-wide expert matrix.
-__device__ int64_t code_row_bytes(ExpertFormat format, int64_t k) {
-  return format == ExpertFormat::MXFP4 ? mxfp4::f16_row_bytes(int(k)) : format == ExpertFormat::FP8 ? k : k / 2;
-}
-__device__ int64_t scale_row_bytes(ExpertFormat format, int64_t k) {
-  return format == ExpertFormat::MXFP4 ? mxfp4::f16_scale_row_bytes(int(k)) : format == ExpertFormat::NVFP4 ? k / 16 : 0;
-}
-
 __device__ const float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
@@ -75,7 +67,8 @@ __device__ float expert_row_dot(const float* lut, ExpertFormat format, const uin
 // gate and up are the interleaved rows 2j and 2j+1 of gate_up.
 __global__ void gate_up_kernel(QuantizedExperts w, const float* h, int k, const int32_t* ids, float* act) {
   const bool fp8 = w.format == ExpertFormat::FP8;
-  const int64_t scale_cols = scale_row_bytes(w.format, w.hidden), row_bytes = code_row_bytes(w.format, w.hidden);
+  const int64_t scale_cols = expert_scale_row_bytes(w.format, w.hidden),
+                row_bytes = expert_code_row_bytes(w.format, w.hidden);
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = kE2M1[threadIdx.x];
   __syncthreads();
@@ -108,7 +101,8 @@ __global__ void down_kernel(QuantizedExperts w, int k, const int32_t* ids, const
   const int64_t i = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (i >= w.hidden) return;
   const bool fp8 = w.format == ExpertFormat::FP8;
-  const int64_t scale_cols = scale_row_bytes(w.format, w.intermediate), row_bytes = code_row_bytes(w.format, w.intermediate);
+  const int64_t scale_cols = expert_scale_row_bytes(w.format, w.intermediate),
+                row_bytes = expert_code_row_bytes(w.format, w.intermediate);
   float total = 0.0f;
   for (int slot = 0; slot < k; ++slot) {
     const int64_t assignment = row * k + slot, expert = ids[assignment];

@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/mxfp4_f16_layout.h"
 #include "backend/cuda/runtime.h"
 #include "backend/sampling_rule.h"
+#include "core/host_device.h"
 
 namespace anvil::cuda {
 
@@ -93,8 +95,12 @@ void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream);
 // MXFP4 experts' device layout (mxfp4_f16_layout.h): each row of K codes takes
 // mxfp4_device_row_bytes(K) bytes (whole 128-code chunks, zero-padded) and its K/32 E8M0 scales
 // mxfp4_device_scale_row_bytes(K) (4 per chunk, zero-padded).
-inline int64_t mxfp4_device_row_bytes(int64_t in_features) { return (in_features / 32 + 3) / 4 * 64; }
-inline int64_t mxfp4_device_scale_row_bytes(int64_t in_features) { return (in_features / 32 + 3) / 4 * 4; }
+ANVIL_HOST_DEVICE inline int64_t mxfp4_device_row_bytes(int64_t in_features) {
+  return mxfp4::f16_row_bytes(int(in_features));
+}
+ANVIL_HOST_DEVICE inline int64_t mxfp4_device_scale_row_bytes(int64_t in_features) {
+  return mxfp4::f16_scale_row_bytes(int(in_features));
+}
 // Lays out `rows` checkpoint rows (codes [rows, K/2] low nibble first, scales [rows, K/32]) into
 // that layout (device_codes [rows, row bytes], device_scales [rows, scale row bytes]); out of
 // place, K a multiple of 32. Asynchronous on `stream`.
@@ -163,15 +169,28 @@ int64_t quantize_bf16_expert_rows(const uint16_t* weight, int64_t rows, int64_t 
                                   uint8_t* codes, uint8_t* scales, float* row_scales, int64_t first_row,
                                   int64_t row_step, Stream stream);
 
-// The bytes of one expert matrix [rows, in] in `format` (what a token routed to it reads).
-inline int64_t expert_matrix_bytes(ExpertFormat format, int64_t rows, int64_t in) {
+// What one row of an expert matrix with `in` input features takes on the device, in `format`:
+// its codes, its block scales (MXFP4's E8M0 and NVFP4's E4M3; none for FP8 and bf16) and its
+// float32 row scale (NVFP4's global scale, FP8's scale; none for MXFP4 and bf16).
+ANVIL_HOST_DEVICE inline int64_t expert_code_row_bytes(ExpertFormat format, int64_t in) {
   switch (format) {
-    case ExpertFormat::MXFP4: return rows * (mxfp4_device_row_bytes(in) + mxfp4_device_scale_row_bytes(in));
-    case ExpertFormat::NVFP4: return rows * in / 2 + rows * in / 16 + rows * 4;
-    case ExpertFormat::FP8: return rows * in + rows * 4;
-    case ExpertFormat::BF16: return rows * in * 2;
+    case ExpertFormat::MXFP4: return mxfp4_device_row_bytes(in);
+    case ExpertFormat::NVFP4: return in / 2;
+    case ExpertFormat::FP8: return in;
+    case ExpertFormat::BF16: return in * 2;
   }
   return 0;
+}
+ANVIL_HOST_DEVICE inline int64_t expert_scale_row_bytes(ExpertFormat format, int64_t in) {
+  return format == ExpertFormat::MXFP4 ? mxfp4_device_scale_row_bytes(in) : format == ExpertFormat::NVFP4 ? in / 16 : 0;
+}
+ANVIL_HOST_DEVICE inline int64_t expert_row_scale_bytes(ExpertFormat format) {
+  return format == ExpertFormat::NVFP4 || format == ExpertFormat::FP8 ? 4 : 0;
+}
+
+// The bytes of one expert matrix [rows, in] in `format` (what a token routed to it reads).
+inline int64_t expert_matrix_bytes(ExpertFormat format, int64_t rows, int64_t in) {
+  return rows * (expert_code_row_bytes(format, in) + expert_scale_row_bytes(format, in) + expert_row_scale_bytes(format));
 }
 
 // gpt-oss routing: per row, the k largest logits (ties to the lower index), then softmax over
