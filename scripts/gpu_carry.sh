@@ -10,6 +10,8 @@
 #   BUILD_DIR   a CUDA build with the anvil and anvil_gpu_tests targets built
 #   BASE_ANVIL  optional: an earlier anvil binary, carried as anvil-base, for gpu_check.sh's
 #               A/B mode (ANVIL_BASE=.gpu-carry/anvil-base): both benchmarked in one lease
+# Variants built by scripts/gpu_variants.sh (build-variants/out/NAME/) travel as
+# .gpu-carry/variants/NAME/ (anvil, anvil_gpu_tests, SOURCE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: gpu_carry.sh BUILD_DIR [BASE_ANVIL]}
@@ -24,13 +26,18 @@ carry=$stage/.gpu-carry
 mkdir -p "$carry/lib" "$carry/fixtures/o200k_harmony"
 cp "$build/anvil" "$build/tests/anvil_gpu_tests" "$carry/"
 [ -n "$base" ] && cp "$base" "$carry/anvil-base"
-for bin in "$carry"/anvil*; do
+if [ -d build-variants/out ]; then
+  mkdir -p "$carry/variants"
+  cp -r build-variants/out/. "$carry/variants/"
+fi
+for bin in "$carry"/anvil* "$carry"/variants/*/anvil*; do
+  [ -e "$bin" ] || continue
   # glibc and the driver come from the GPU machine; everything else travels.
   ldd "$bin" | awk '/=> \// {print $3}' |
     grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libgcc_s|libcuda)\.so' |
     while read -r lib; do cp -L "$lib" "$carry/lib/"; done
 done
-strip "$carry"/anvil* 2>/dev/null || true
+strip "$carry"/anvil* "$carry"/variants/*/anvil* 2>/dev/null || true
 for model in gpt-oss-tiny qwen3-tiny qwen3moe-tiny; do cp -r "$fixtures/$model" "$carry/fixtures/"; done
 cp "$fixtures/o200k_harmony/tokenizer.json.gz" "$carry/fixtures/o200k_harmony/"
 mkdir -p .gpu-pack
