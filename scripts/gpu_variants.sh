@@ -7,7 +7,9 @@
 # Usage: bash scripts/gpu_variants.sh NAME=PATCH[+PATCH...] ...
 #   e.g. bash scripts/gpu_variants.sh \
 #          brev=docs/perf/logs/h200/session22/mxfp4-brev-layout-unmeasured.patch
-#   ANVIL_CUDA_TARGETS (default sm_90a: the lent H200) and JOBS (default 2) shape the builds.
+#   ANVIL_CUDA_TARGETS (default sm_90a: the lent H200) and JOBS (default 2) shape the builds;
+#   ANVIL_VARIANT_TESTS=0 builds and keeps only anvil (the carry holds 64 MiB: give the GPU tests
+#   to the variants whose code they must check, e.g. one with every patch).
 #   Each variant keeps its tree and build under build-variants/NAME/, so a rerun rebuilds only
 #   what its patches touch.
 set -euo pipefail
@@ -16,6 +18,8 @@ root=$PWD
 [ $# -gt 0 ] || { echo "usage: gpu_variants.sh NAME=PATCH[+PATCH...] ..." >&2; exit 2; }
 targets=${ANVIL_CUDA_TARGETS:-sm_90a}
 jobs=${JOBS:-2}
+targets_built=(anvil)
+[ "${ANVIL_VARIANT_TESTS:-1}" = 0 ] || targets_built+=(anvil_gpu_tests)
 commit=$(git rev-parse HEAD)
 for spec in "$@"; do
   name=${spec%%=*}
@@ -37,11 +41,13 @@ for spec in "$@"; do
   done
   cmake -S "$tree" -B "$build" -DCMAKE_BUILD_TYPE=Release -DANVIL_CUDA_TARGETS="$targets" -DANVIL_BUILD_TESTS=ON \
     > "$root/build-variants/$name/configure.log"
-  nice cmake --build "$build" -j "$jobs" --target anvil anvil_gpu_tests > "$root/build-variants/$name/build.log" 2>&1 ||
+  nice cmake --build "$build" -j "$jobs" --target "${targets_built[@]}" > "$root/build-variants/$name/build.log" 2>&1 ||
     { tail -20 "$root/build-variants/$name/build.log" >&2; exit 1; }
   out=$root/build-variants/out/$name
+  rm -rf "$out"
   mkdir -p "$out"
-  cp "$build/anvil" "$build/tests/anvil_gpu_tests" "$out/"
+  cp "$build/anvil" "$out/"
+  [ "${ANVIL_VARIANT_TESTS:-1}" = 0 ] || cp "$build/tests/anvil_gpu_tests" "$out/"
   printf '%s\n' "$commit" "$patches" > "$out/SOURCE"
   echo "gpu_variants.sh: $name ($patches on ${commit:0:7}) -> build-variants/out/$name"
 done
