@@ -11,7 +11,9 @@
 #   BASE_ANVIL  optional: an earlier anvil binary, carried as anvil-base, for gpu_check.sh's
 #               A/B mode (ANVIL_BASE=.gpu-carry/anvil-base): both benchmarked in one lease
 # Variants built by scripts/gpu_variants.sh (build-variants/out/NAME/) travel as
-# .gpu-carry/variants/NAME/ (anvil, anvil_gpu_tests, SOURCE).
+# .gpu-carry/variants/NAME/ (anvil, anvil_gpu_tests, SOURCE). ANVIL_CARRY_TRACE=1 adds the
+# kernel-timeline library (tools/cuda-harness/kernel_trace.cpp, built here) and CUPTI's:
+#   CUDA_INJECTION64_PATH=$PWD/.gpu-carry/libkernel_trace.so ANVIL_TRACE_OUT=t.csv ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: gpu_carry.sh BUILD_DIR [BASE_ANVIL]}
@@ -38,6 +40,12 @@ for bin in "$carry"/anvil* "$carry"/variants/*/anvil*; do
     while read -r lib; do cp -L "$lib" "$carry/lib/"; done
 done
 strip "$carry"/anvil* "$carry"/variants/*/anvil* 2>/dev/null || true
+if [ "${ANVIL_CARRY_TRACE:-0}" = 1 ]; then
+  cuda=${CUDA_HOME:-/usr/local/cuda}
+  g++ -O2 -shared -fPIC -I"$cuda/include" tools/cuda-harness/kernel_trace.cpp -L"$cuda/lib64" -lcupti \
+    -o "$carry/libkernel_trace.so"
+  cp -L "$cuda"/lib64/libcupti.so.* "$carry/lib/" 2>/dev/null || true
+fi
 for model in gpt-oss-tiny qwen3-tiny qwen3moe-tiny; do cp -r "$fixtures/$model" "$carry/fixtures/"; done
 cp "$fixtures/o200k_harmony/tokenizer.json.gz" "$carry/fixtures/o200k_harmony/"
 mkdir -p .gpu-pack
