@@ -342,7 +342,7 @@ class Doctor {
       for (const auto& file : files) checkpoint += fs::file_size(file, ec);
       if (files.empty() || !missing.empty()) {
         const ModelShape shape = read_model_shape(dir);
-        checkpoint = estimate_weights(shape).total();
+        checkpoint = estimate_weights(shape).checkpoint_total();  // the files' bytes, as the page cache holds them
         estimated = true;
       }
       weights = checkpoint;
