@@ -14,11 +14,16 @@
 # .gpu-carry/variants/NAME/ (anvil, anvil_gpu_tests, SOURCE). ANVIL_CARRY_TRACE=1 adds the
 # kernel-timeline library (tools/cuda-harness/kernel_trace.cpp, built here) and CUPTI's:
 #   CUDA_INJECTION64_PATH=$PWD/.gpu-carry/libkernel_trace.so ANVIL_TRACE_OUT=t.csv ...
+# The copy the GPU machine gets (tracked files, ~29 MiB of them, plus the carry) is capped at
+# 64 MiB, so a pack may have to be split: ANVIL_CARRY_VARIANTS="a b" carries only those variants,
+# ANVIL_CARRY_TESTS=0 leaves out every GPU test binary and the fixtures (enough for timings with
+# dummy weights).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: gpu_carry.sh BUILD_DIR [BASE_ANVIL]}
 base=${2:-}
 fixtures=${ANVIL_FIXTURES_DIR:-$(cd .. && pwd)/shared/fixtures}
+tests=${ANVIL_CARRY_TESTS:-1}
 for f in "$build/anvil" "$build/tests/anvil_gpu_tests" ${base:+"$base"}; do
   [ -x "$f" ] || { echo "gpu_carry.sh: $f: no such executable" >&2; exit 1; }
 done
@@ -26,11 +31,17 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 carry=$stage/.gpu-carry
 mkdir -p "$carry/lib" "$carry/fixtures/o200k_harmony"
-cp "$build/anvil" "$build/tests/anvil_gpu_tests" "$carry/"
+cp "$build/anvil" "$carry/"
+[ "$tests" = 1 ] && cp "$build/tests/anvil_gpu_tests" "$carry/"
 [ -n "$base" ] && cp "$base" "$carry/anvil-base"
 if [ -d build-variants/out ]; then
   mkdir -p "$carry/variants"
-  cp -r build-variants/out/. "$carry/variants/"
+  for dir in build-variants/out/*/; do
+    name=$(basename "$dir")
+    [ -z "${ANVIL_CARRY_VARIANTS:-}" ] || [[ " $ANVIL_CARRY_VARIANTS " == *" $name "* ]] || continue
+    cp -r "$dir" "$carry/variants/$name"
+    [ "$tests" = 1 ] || rm -f "$carry/variants/$name/anvil_gpu_tests"
+  done
 fi
 for bin in "$carry"/anvil* "$carry"/variants/*/anvil*; do
   [ -e "$bin" ] || continue
@@ -46,8 +57,10 @@ if [ "${ANVIL_CARRY_TRACE:-0}" = 1 ]; then
     -o "$carry/libkernel_trace.so"
   cp -L "$cuda"/lib64/libcupti.so.* "$carry/lib/" 2>/dev/null || true
 fi
-for model in gpt-oss-tiny qwen3-tiny qwen3moe-tiny; do cp -r "$fixtures/$model" "$carry/fixtures/"; done
-cp "$fixtures/o200k_harmony/tokenizer.json.gz" "$carry/fixtures/o200k_harmony/"
+if [ "$tests" = 1 ]; then
+  for model in gpt-oss-tiny qwen3-tiny qwen3moe-tiny; do cp -r "$fixtures/$model" "$carry/fixtures/"; done
+  cp "$fixtures/o200k_harmony/tokenizer.json.gz" "$carry/fixtures/o200k_harmony/"
+fi
 mkdir -p .gpu-pack
 tar -czf .gpu-pack/carry.tgz -C "$stage" .gpu-carry
 echo "gpu_carry.sh: .gpu-pack/carry.tgz $(du -h .gpu-pack/carry.tgz | cut -f1) (carry [\".gpu-pack\"])"

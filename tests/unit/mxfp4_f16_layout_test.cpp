@@ -162,5 +162,36 @@ TEST(Mxfp4F16Layout, PrefillOrderIsThePermutationTheGemmFeeds) {
           }
 }
 
+// The four pairs' source bits are disjoint and fill the word (so a word holds its 8 codes and
+// nothing else), and each pair's decode reads only its own: a word with one bit set decodes to
+// exactly one bit of one pair, at the place f16_source_bit names.
+TEST(Mxfp4F16Layout, PairsShareTheWordsBitsOnce) {
+  std::set<int> sources;
+  for (int j = 0; j < 4; ++j)
+    for (int e = 0; e < 2; ++e)
+      for (int i = 0; i < 4; ++i) {
+        const int bit = f16_pair_bit(e, i), source = f16_source_bit(j, bit);
+        ASSERT_GE(source, 0);
+        ASSERT_LT(source, 32);
+        EXPECT_TRUE(sources.insert(source).second) << "pair " << j << " bit " << bit;
+      }
+  EXPECT_EQ(sources.size(), 32u);
+  for (int source = 0; source < 32; ++source) {
+    int hits = 0;
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t pair = f16_pair(1u << source, j);
+      if (pair == 0) continue;
+      ++hits;
+      ASSERT_EQ(pair & (pair - 1), 0u) << "one bit in, one bit out";
+      const int bit = __builtin_ctz(pair);
+      EXPECT_EQ(f16_source_bit(j, bit), source);
+      EXPECT_NE(kF16PairBits & pair, 0u);
+    }
+    EXPECT_EQ(hits, 1) << "bit " << source;
+  }
+  EXPECT_EQ(reverse_bits(0x00000001u), 0x80000000u);
+  EXPECT_EQ(reverse_bits(0x12345678u), 0x1E6A2C48u);
+}
+
 }  // namespace
 }  // namespace anvil

@@ -17,8 +17,8 @@
 // low two bits and its top mantissa bit, and whose sign sits in the sign bit, is the code's value
 // times 2^-14 exactly, subnormals included (bf16's wider exponent makes the same placement
 // 2^-126, too small for the products, hence the present kernel's HMUL2 per pair). So a word of 8
-// codes decodes in 11 masks and shifts (5 rotations, 6 LOP3: the same optimum as the bf16 layout,
-// by exhaustive search) and no HMUL2, and each 32-value block's scale (times 2^14) multiplies the
+// codes decodes in 11 masks and shifts (5 rotations, 6 LOP3: the optimum without a bit reversal,
+// by exhaustive search; 7 operations with one, session 22) and no HMUL2, and each 32-value block's scale (times 2^14) multiplies the
 // two mma results of its block in one FFMA per row. The token is fp16 in the mma's pair order
 // (what its producer would write), so the two byte permutes per step go too.
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a
@@ -252,8 +252,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
 // A chunk is 4 blocks of 32 codes per row; lane quad t keeps word w = block 4c + w's 8 codes at
 // k = 2t, 2t+1 (pair A), 2t+8, 2t+9 (B), 16+2t, 17+2t (C), 24+2t, 25+2t (D): the A operand pairs
 // of the block's two m16n8k16 steps. In the word, pair A's bits are already an fp16x2's
-// (magnitudes at 9-11 and 25-27, signs at 15 and 31), pair B's are that rotated left by 3, and
-// C's and D's magnitudes and signs need a shift each (pack_row_f16 places them).
+// (magnitudes at 9-11 and 25-27, signs at 15 and 31); where B, C and D lie is the layout header's
+// (a bit reversal, a byte shift and both since session 22; pack_row_f16 places them).
 // Host and device: `moe_probe emulate` checks the layout on the CPU.
 using anvil::cuda::mxfp4::f16_pair_a;  // the layout's decode (backend/cuda/mxfp4_f16_layout.h)
 using anvil::cuda::mxfp4::f16_pair_b;

@@ -27,6 +27,7 @@ namespace anvil::cuda::attn {
 using gemm::cp_async_16;
 using gemm::cp_async_commit;
 using gemm::cp_async_wait;
+using gemm::prefetch_l2;
 using gemm::smem_u32;
 
 // Warps per block: 8, so that a sliding window (~5 chunks) or a short context fits in one split
@@ -201,10 +202,23 @@ __global__ void __launch_bounds__(kDecodeWarps<KV> * 32)
   int next_block = table_entry(chunk_lo + warp);
   __shared__ float sink_s[G];
   const float* const sinks = stage_sinks(shape, kv_head, sink_s);
+  const int64_t q_stride = shape.num_heads * D, kv_stride = shape.num_kv_heads * D;
+  // The first chunk's key and value rows are asked into L2 before the wait (every key but the
+  // newest is older than the predecessor): after it, their loads are L2 round trips rather than
+  // DRAM ones on the step's path. The rows have no shared memory to land in here (the
+  // tensor-core kernel copies them), so this is a prefetch, not a copy.
+  if (next_block >= 0) {
+    const int key = first_key + (chunk_lo + warp) * kDecodeKeys + lane;
+    const int64_t row = (int64_t(next_block) * block_size + key % block_size) * kv_stride + int64_t(kv_head) * D;
+#pragma unroll
+    for (int b = 0; b < kRowBytes; b += 128) {
+      prefetch_l2(static_cast<const uint8_t*>(cache.keys) + row * kElementBytes<KV> + b);
+      prefetch_l2(static_cast<const uint8_t*>(cache.values) + row * kElementBytes<KV> + b);
+    }
+  }
 
   wait_for_predecessor();
   release_dependents();
-  const int64_t q_stride = shape.num_heads * D, kv_stride = shape.num_kv_heads * D;
   const float* q_row = q + int64_t(row) * q_stride + int64_t(kv_head) * group * D;
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) q_s[i / D][i % D] = i < group * D ? q_row[i] : 0.0f;
   __syncthreads();

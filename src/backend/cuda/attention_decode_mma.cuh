@@ -123,6 +123,9 @@ __global__ void __launch_bounds__(kMmaDecodeWarps<D> * 32)
 
   wait_for_predecessor();
   release_dependents();
+  // The newest key (its predecessor's write) is copied before q is loaded, so the two reads of the
+  // predecessor's output overlap instead of following one another: q's loads are used at once.
+  if (first_chunk < chunk_hi) copy_rows(first_chunk, true);
 
   // Qᵀ as the scores' B operand: lane (g, t) holds head g's dims 16s + 2t + {0, 1, 8, 9}.
   uint32_t q_hi[kSteps][2], q_lo[kSteps][2];
@@ -145,8 +148,10 @@ __global__ void __launch_bounds__(kMmaDecodeWarps<D> * 32)
     for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
 
   for (int c = first_chunk; c < chunk_hi; c += kWarps) {
-    if (c != first_chunk) copy_rows(c, false);
-    copy_rows(c, true);
+    if (c != first_chunk) {
+      copy_rows(c, false);
+      copy_rows(c, true);
+    }
     gemm::cp_async_commit();
     gemm::cp_async_wait<0>();
     __syncwarp();

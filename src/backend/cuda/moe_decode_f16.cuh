@@ -1,7 +1,7 @@
 #pragma once
 // MXFP4's batch-1 expert product (one token per active expert): the FP16 form, measured in
 // tools/cuda-harness/moe_probe.cu (docs/perf/logs/h200/moe-f16-probe/). The layout's words decode
-// to fp16 pairs of code · 2^-14 in a few masks and shifts (mxfp4_f16_layout.h), every mma step
+// to fp16 pairs of code · 2^-14 in a few bit operations (mxfp4_f16_layout.h), every mma step
 // covers one 32-code block, and each block's E8M0 scale goes on the step pair's fp32 result with
 // one FFMA per row: no multiply per weight pair, which is what held moe_decode_kernel's loop on
 // its ALU pipe at batch 1.

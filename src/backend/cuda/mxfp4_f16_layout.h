@@ -7,9 +7,9 @@
 // Why this layout: an E2M1 code whose three magnitude bits sit in an fp16's exponent's low two
 // bits and its top mantissa bit, with its sign in the sign bit, reads as the code's value times
 // 2^-14 exactly, subnormal codes included. So a 32-bit word of 8 codes decodes to the four fp16
-// pairs an m16n8k16 A fragment takes in 11 masks and shifts (f16_pair_a..d), with no multiply:
-// each 32-code block's E8M0 scale goes on the fp32 mma results instead, which needs every mma step
-// to cover one block only. Hence, per row and per chunk of 4 blocks (128 k, 64 bytes):
+// pairs an m16n8k16 A fragment takes in 7 bit operations (f16_pair_a..d), with no multiply: each
+// 32-code block's E8M0 scale goes on the fp32 mma results instead, which needs every mma step to
+// cover one block only. Hence, per row and per chunk of 4 blocks (128 k, 64 bytes):
 //   bytes 16t + 4w .. +3   word w of lane quad t = block 4c + w's codes k = 8t .. 8t + 7 of the
 //                          block, as pairs j = (8t + 2j, 8t + 2j + 1)
 // (each block's 16 bytes spread over the four lane quads' 16-byte pieces). Rows are padded to
@@ -26,16 +26,34 @@
 
 namespace anvil::cuda::mxfp4 {
 
+// Where a word keeps its 8 codes. Each fp16 pair holds its codes' magnitude bits (mantissa
+// lowest) at bits 9-11 / 25-27 and their signs at 15 / 31: kF16PairBits. Pair a is those bits of
+// the word as they lie; pair b those of the word's bit reversal; pair c those of the word shifted
+// up a byte; pair d those of the reversal shifted up a byte. The four sets of source bits are
+// disjoint and fill the word, so the decode is a mask per pair, one bit reversal (BREV, shared by
+// b and d) and two shifts: 7 operations per word. Positions that only shift and mask (rotations)
+// cannot fill a word with four copies of the pair's bit pattern (an exhaustive search: at most two
+// fit), which had cost the previous placement 11 operations.
+constexpr uint32_t kF16PairBits = 0x8E008E00u;
+
+ANVIL_HOST_DEVICE inline uint32_t reverse_bits(uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  return __brev(w);
+#else
+  w = ((w >> 1) & 0x55555555u) | ((w & 0x55555555u) << 1);
+  w = ((w >> 2) & 0x33333333u) | ((w & 0x33333333u) << 2);
+  w = ((w >> 4) & 0x0F0F0F0Fu) | ((w & 0x0F0F0F0Fu) << 4);
+  w = ((w >> 8) & 0x00FF00FFu) | ((w & 0x00FF00FFu) << 8);
+  return (w >> 16) | (w << 16);
+#endif
+}
+
 // The fp16 pairs of a layout word: pair j = k (8t + 2j, 8t + 2j + 1) of the word's block, each
 // as fp16 bits of code value * 2^-14.
-ANVIL_HOST_DEVICE inline uint32_t f16_pair_a(uint32_t w) { return w & 0x8E008E00u; }
-ANVIL_HOST_DEVICE inline uint32_t f16_pair_b(uint32_t w) { return ((w >> 3) | (w << 29)) & 0x8E008E00u; }
-ANVIL_HOST_DEVICE inline uint32_t f16_pair_c(uint32_t w) {
-  return ((w << 6) & 0x0E000E00u) | ((w << 15) & 0x80008000u);
-}
-ANVIL_HOST_DEVICE inline uint32_t f16_pair_d(uint32_t w) {
-  return ((w << 3) & 0x0E000E00u) | ((w << 14) & 0x80008000u);
-}
+ANVIL_HOST_DEVICE inline uint32_t f16_pair_a(uint32_t w) { return w & kF16PairBits; }
+ANVIL_HOST_DEVICE inline uint32_t f16_pair_b(uint32_t w) { return reverse_bits(w) & kF16PairBits; }
+ANVIL_HOST_DEVICE inline uint32_t f16_pair_c(uint32_t w) { return (w << 8) & kF16PairBits; }
+ANVIL_HOST_DEVICE inline uint32_t f16_pair_d(uint32_t w) { return (reverse_bits(w) << 8) & kF16PairBits; }
 ANVIL_HOST_DEVICE inline uint32_t f16_pair(uint32_t w, int j) {
   return j == 0 ? f16_pair_a(w) : j == 1 ? f16_pair_b(w) : j == 2 ? f16_pair_c(w) : f16_pair_d(w);
 }
@@ -48,14 +66,13 @@ ANVIL_HOST_DEVICE inline uint32_t bf16_from_f16_pair(uint32_t pair) {
   return ((pair >> 3) & 0x01C001C0u) | (pair & 0x80008000u);
 }
 
-// Where pair p's first code (lo) and second code (hi) keep their magnitude (3 bits, the mantissa
-// bit lowest) and their sign in a layout word: f16_pair_a..d undo exactly this.
-struct F16Place {
-  int mag_lo, sign_lo, mag_hi, sign_hi;
-};
-ANVIL_HOST_DEVICE constexpr F16Place f16_place(int j) {
-  return j == 0 ? F16Place{9, 15, 25, 31} : j == 1 ? F16Place{12, 18, 28, 2} : j == 2 ? F16Place{3, 0, 19, 16} : F16Place{6, 1, 22, 17};
+// The word bit that bit `bit` (one of kF16PairBits) of pair j comes from: f16_pair_a..d read
+// exactly these.
+ANVIL_HOST_DEVICE constexpr int f16_source_bit(int j, int bit) {
+  return j == 0 ? bit : j == 1 ? 31 - bit : j == 2 ? bit - 8 : 39 - bit;
 }
+// Bit i of code e (0: the pair's first, 1: its second) in a pair: magnitude bits 0-2, sign bit 3.
+ANVIL_HOST_DEVICE constexpr int f16_pair_bit(int e, int i) { return 16 * e + (i < 3 ? 9 + i : 15); }
 
 // The offset within a block of lane quad t's pair j (0..3: a..d).
 ANVIL_HOST_DEVICE constexpr int f16_slot(int t, int j) { return 8 * t + 2 * j; }
@@ -74,20 +91,19 @@ ANVIL_HOST_DEVICE inline uint32_t checkpoint_code(const uint8_t* row, int kk) {
 // Block b's word for lane quad t, from a checkpoint row.
 ANVIL_HOST_DEVICE inline uint32_t pack_word_f16(const uint8_t* checkpoint_row, int block, int t) {
   uint32_t word = 0;
-  for (int p = 0; p < 4; ++p) {
-    const int first = 32 * block + f16_slot(t, p);
-    const uint32_t lo = checkpoint_code(checkpoint_row, first), hi = checkpoint_code(checkpoint_row, first + 1);
-    const F16Place at = f16_place(p);
-    word |= (lo & 7u) << at.mag_lo | (lo >> 3) << at.sign_lo | (hi & 7u) << at.mag_hi | (hi >> 3) << at.sign_hi;
-  }
+  for (int j = 0; j < 4; ++j)
+    for (int e = 0; e < 2; ++e) {
+      const uint32_t code = checkpoint_code(checkpoint_row, 32 * block + f16_slot(t, j) + e);
+      for (int i = 0; i < 4; ++i) word |= ((code >> i) & 1u) << f16_source_bit(j, f16_pair_bit(e, i));
+    }
   return word;
 }
 
 // Code e (0: the pair's first, 1: its second) of pair j of a layout word, as an E2M1 nibble.
 ANVIL_HOST_DEVICE inline uint32_t f16_code(uint32_t word, int j, int e) {
-  const F16Place at = f16_place(j);
-  const int mag = e == 0 ? at.mag_lo : at.mag_hi, sign = e == 0 ? at.sign_lo : at.sign_hi;
-  return ((word >> mag) & 7u) | ((word >> sign) & 1u) << 3;
+  uint32_t code = 0;
+  for (int i = 0; i < 4; ++i) code |= ((word >> f16_source_bit(j, f16_pair_bit(e, i))) & 1u) << i;
+  return code;
 }
 
 // One checkpoint row of K codes (K / 2 bytes, K a multiple of 32) into f16_row_bytes(K) bytes.
