@@ -209,11 +209,11 @@ __global__ void __launch_bounds__(kDecodeWarps<KV> * 32)
   // tensor-core kernel copies them), so this is a prefetch, not a copy.
   if (next_block >= 0) {
     const int key = first_key + (chunk_lo + warp) * kDecodeKeys + lane;
-    const int64_t row = (int64_t(next_block) * block_size + key % block_size) * kv_stride + int64_t(kv_head) * D;
+    const int64_t key_row = (int64_t(next_block) * block_size + key % block_size) * kv_stride + int64_t(kv_head) * D;
 #pragma unroll
     for (int b = 0; b < kRowBytes; b += 128) {
-      prefetch_l2(static_cast<const uint8_t*>(cache.keys) + row * kElementBytes<KV> + b);
-      prefetch_l2(static_cast<const uint8_t*>(cache.values) + row * kElementBytes<KV> + b);
+      prefetch_l2(static_cast<const uint8_t*>(cache.keys) + key_row * kElementBytes<KV> + b);
+      prefetch_l2(static_cast<const uint8_t*>(cache.values) + key_row * kElementBytes<KV> + b);
     }
   }
 
