@@ -64,3 +64,12 @@ fi
 mkdir -p .gpu-pack
 tar -czf .gpu-pack/carry.tgz -C "$stage" .gpu-carry
 echo "gpu_carry.sh: .gpu-pack/carry.tgz $(du -h .gpu-pack/carry.tgz | cut -f1) (carry [\".gpu-pack\"])"
+# The device tool refuses a working tree over 64 MiB (tracked files plus the carry): say so here,
+# before a lease is spent finding out.
+tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+pack=$(stat -c %s .gpu-pack/carry.tgz)
+if ((tracked + pack > 64 * 1024 * 1024)); then
+  echo "gpu_carry.sh: tracked files $((tracked >> 20)) MiB + pack $((pack >> 20)) MiB exceed the device's 64 MiB;" \
+    "narrow it (ANVIL_CARRY_VARIANTS, ANVIL_CARRY_TESTS=0)" >&2
+  exit 1
+fi
