@@ -20,8 +20,8 @@
 // codes decodes in 11 masks and shifts (5 rotations, 6 LOP3: the optimum without a bit reversal,
 // by exhaustive search; 7 operations with one, session 22) and no HMUL2, and each 32-value
 // block's scale (times 2^14) multiplies the two mma results of its block in one FFMA per row.
-// The token is fp16 in the mma's pair order
-// (what its producer would write), so the two byte permutes per step go too.
+// The token is fp16 in the mma's pair order (what its producer would write), so the two byte
+// permutes per step go too.
 // Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a
 //   --expt-relaxed-constexpr -Isrc tools/cuda-harness/moe_probe.cu -o moe_probe
 #include <cuda_fp16.h>
