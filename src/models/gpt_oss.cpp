@@ -325,9 +325,10 @@ class GptOss : public Model {
 
     const int64_t logit_rows = run.step.logit_rows;
     if (logit_rows == 0) return;
-    float* last = run.arena.get<float>(12, logit_rows * hidden);
+    // One row that is its own logit row (a batch-1 decode step) needs no gather: x is that row.
+    float* last = rows == 1 ? x : run.arena.get<float>(12, logit_rows * hidden);
     run.device_logits = run.arena.get<float>(14, logit_rows * c.vocab_size);
-    cuda::gather_rows_f32(x, run.step.logit_row_index, logit_rows, hidden, last, stream);
+    if (last != x) cuda::gather_rows_f32(x, run.step.logit_row_index, logit_rows, hidden, last, stream);
     if (exact) {
       float* normed = run.arena.get<float>(19, logit_rows * hidden);
       cuda::rms_norm_f32(last, logit_rows, hidden, g.final_norm, eps, normed, stream);
