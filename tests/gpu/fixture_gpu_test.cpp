@@ -109,6 +109,28 @@ TEST_P(FixtureGpuTest, LogitsAndTeacherForcedGreedyMatchTheReference) {
               exact_ ? "float32" : "bfloat16", worst);
 }
 
+// The same prompts one token per step: every step is a batch-1 decode step (one row, its own
+// logit row), the path the decode graphs and their batch-1 shortcuts take (no gather before the
+// final norm), held to the same bar against the reference at every prompt position.
+TEST_P(FixtureGpuTest, OneTokenStepsMatchTheReference) {
+  const auto reference = nlohmann::json::parse(test::read_file(dir_ / "reference.json"));
+  const SafetensorsFile reference_logits(dir_ / "reference_logits.safetensors");
+  const int64_t vocab = gpu_->config().vocab_size;
+  for (const auto& c : reference.at("cases")) {
+    const auto prompt = c.at("prompt_ids").get<std::vector<int32_t>>();
+    const auto* want = static_cast<const float*>(reference_logits.tensor(c.at("logits_tensor").get<std::string>()).data);
+    const std::vector<float> steps = prompt_logits(*gpu_, prompt, 1);
+    ASSERT_EQ(steps.size(), prompt.size() * size_t(vocab));
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      float error = 0.0f;
+      for (int64_t i = 0; i < vocab; ++i)
+        error = std::max(error, std::fabs(steps[t * size_t(vocab) + size_t(i)] - want[t * size_t(vocab) + size_t(i)]));
+      EXPECT_LE(error, exact_ ? kLogitTolerance : kBf16Guard) << "prompt position " << t << ", one token per step";
+      EXPECT_FALSE(std::isnan(error)) << "prompt position " << t;
+    }
+  }
+}
+
 // --quantize-dense fp8 and --quantize-experts nvfp4 / fp8 on the GPU: the device quantizes the
 // dense layers / the experts to the CPU quantizer's bytes (checked exactly in linear_dense_test.cpp
 // and moe_quantized_test.cpp), so the GPU model must follow the CPU model loaded with the same
