@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-kernel cost inside CUDA-graph replays, from kernel_trace.cpp's CSV.
 
-    python3 tools/cuda-harness/graph_timeline.py trace.csv [--top 25]
+    python3 tools/cuda-harness/graph_timeline.py trace.csv [--top 25] [--chain FIRST:LAST]
 
 For every graph with several replays (a decode step's graph is replayed once per step), the k-th
 launch of each node belongs to replay k. Within a replay, kernels are ordered by start; a kernel's
@@ -9,6 +9,10 @@ launch of each node belongs to replay k. Within a replay, kernels are ordered by
 (max(0, end - latest earlier end)), so the held times of a replay add up to its span even where
 chained launches overlap. "run" is the kernel's own start-to-end. Both are medians over the
 replays, grouped by kernel (name and template arguments) and grid.
+
+--chain FIRST:LAST also lists launches FIRST..LAST-1 of the replay in start order (e.g. one
+layer's): start and end relative to launch FIRST, each a median over the replays, and how far
+each end lies past the previous launch's end, so overlaps and gaps between neighbours show.
 """
 import argparse
 import collections
@@ -41,6 +45,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("csv")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--chain", help="FIRST:LAST, launches of one replay in start order")
     args = parser.parse_args()
     graphs = collections.defaultdict(list)
     with open(args.csv) as f:
@@ -85,6 +90,18 @@ def main():
             total += h
             print(f"{h:9.1f} {u:9.1f} {count[key]:4d}  {key[0]}  [{key[1]}]")
         print(f"{total:9.1f}           (these rows)")
+        if args.chain:
+            first, last = (int(v) for v in args.chain.split(":"))
+            last = min(last, nodes)
+            print(f"{'#':>4} {'start':>8} {'end':>8} {'run':>7} {'past prev':>9}  kernel  [grid]")
+            def at(replay, i, field):  # us after launch `first` of the same replay
+                return (int(replay[i][field]) - int(replay[first]["start_ns"])) / 1e3
+            for i in range(first, last):
+                start = statistics.median(at(r, i, "start_ns") for r in full)
+                end = statistics.median(at(r, i, "end_ns") for r in full)
+                past = statistics.median(at(r, i, "end_ns") - at(r, i - 1, "end_ns") for r in full) if i > 0 else end
+                print(f"{i:4d} {start:8.2f} {end:8.2f} {end - start:7.2f} {past:9.2f}  "
+                      f"{short_name(full[0][i]['name'])}  [{full[0][i]['grid']}]")
 
 
 if __name__ == "__main__":
