@@ -17,7 +17,8 @@
 # The copy the GPU machine gets (tracked files, ~29 MiB of them, plus the carry) is capped at
 # 64 MiB, so a pack may have to be split: ANVIL_CARRY_VARIANTS="a b" carries only those variants,
 # ANVIL_CARRY_TESTS=0 leaves out every GPU test binary and the fixtures (enough for timings with
-# dummy weights).
+# dummy weights). ANVIL_CARRY_DIR (default .gpu-pack) names the folder the tarball goes to, so that
+# a second pack for a later call of the same lease can wait beside the first (carry only its folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: gpu_carry.sh BUILD_DIR [BASE_ANVIL]}
@@ -61,13 +62,14 @@ if [ "$tests" = 1 ]; then
   for model in gpt-oss-tiny qwen3-tiny qwen3moe-tiny; do cp -r "$fixtures/$model" "$carry/fixtures/"; done
   cp "$fixtures/o200k_harmony/tokenizer.json.gz" "$carry/fixtures/o200k_harmony/"
 fi
-mkdir -p .gpu-pack
-tar -czf .gpu-pack/carry.tgz -C "$stage" .gpu-carry
-echo "gpu_carry.sh: .gpu-pack/carry.tgz $(du -h .gpu-pack/carry.tgz | cut -f1) (carry [\".gpu-pack\"])"
+pack_dir=${ANVIL_CARRY_DIR:-.gpu-pack}
+mkdir -p "$pack_dir"
+tar -czf "$pack_dir/carry.tgz" -C "$stage" .gpu-carry
+echo "gpu_carry.sh: $pack_dir/carry.tgz $(du -h "$pack_dir/carry.tgz" | cut -f1) (carry [\"$pack_dir\"])"
 # The device tool refuses a working tree over 64 MiB (tracked files plus the carry): say so here,
 # before a lease is spent finding out.
 tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
-pack=$(stat -c %s .gpu-pack/carry.tgz)
+pack=$(stat -c %s "$pack_dir/carry.tgz")
 if ((tracked + pack > 64 * 1024 * 1024)); then
   echo "gpu_carry.sh: tracked files $((tracked >> 20)) MiB + pack $((pack >> 20)) MiB exceed the device's 64 MiB;" \
     "narrow it (ANVIL_CARRY_VARIANTS, ANVIL_CARRY_TESTS=0)" >&2

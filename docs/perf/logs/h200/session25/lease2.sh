@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 25's second call (carry [".gpu-pack2"]), right after lease.sh on the same machine:
+#   bash docs/perf/logs/h200/session25/lease2.sh
+# Timings only (no GPU tests, no fixtures in this pack): session 23's FP16 ring depths for the
+# batch-1 MoE (variants s2, s4, s5, each main at 22c0eed plus its patch) against main, with the
+# candidates' binary again; then the decode-attention ring at a 4,096-token context, where it takes
+# 16 splits of 3-chunk rings instead of 16 splits of one chunk per warp.
+set -uo pipefail
+cd "$(dirname "$0")/../../../../.."
+OUT_ROOT=${OUT:-/tmp/lease25b}
+mkdir -p "$OUT_ROOT"
+tar -xzf .gpu-pack2/carry.tgz
+C=.gpu-carry
+export LD_LIBRARY_PATH=$PWD/$C/lib
+
+OUT=$OUT_ROOT/ab ANVIL_AB_BATCHES=1,8,64 ANVIL_AB_ROUNDS=2 ANVIL_AB_PREFILL=128 timeout 300 \
+  bash scripts/gpu_ab.sh base=$C/anvil-base new=$C/anvil s2=$C/variants/s2/anvil s4=$C/variants/s4/anvil \
+  s5=$C/variants/s5/anvil > "$OUT_ROOT/ab.txt" 2>&1
+tail -n 30 "$OUT_ROOT/ab.txt"
+
+OUT=$OUT_ROOT/long ANVIL_AB_MODELS=gpt-oss-20b ANVIL_AB_BATCHES=1,8 ANVIL_AB_ROUNDS=2 ANVIL_AB_PREFILL=128 \
+  ANVIL_AB_EXTRA="--decode-prompt 4096" timeout 200 \
+  bash scripts/gpu_ab.sh base=$C/anvil-base new=$C/anvil noring=$C/anvil,ANVIL_X_RING=0 > "$OUT_ROOT/long.txt" 2>&1
+tail -n 12 "$OUT_ROOT/long.txt"
