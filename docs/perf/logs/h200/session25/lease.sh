@@ -14,13 +14,13 @@ tar -xzf .gpu-pack/carry.tgz
 C=.gpu-carry
 export LD_LIBRARY_PATH=$PWD/$C/lib
 
-OUT=$OUT_ROOT/ab ANVIL_AB_BATCHES=1,8,64 ANVIL_AB_ROUNDS=2 ANVIL_AB_PREFILL=128 timeout 280 \
+OUT=$OUT_ROOT/ab ANVIL_AB_BATCHES=1,8,64 ANVIL_AB_ROUNDS=2 ANVIL_AB_PREFILL=128 timeout 300 \
   bash scripts/gpu_ab.sh base=$C/anvil-base new=$C/anvil \
   noring=$C/anvil,ANVIL_X_RING=0 nopending=$C/anvil,ANVIL_X_PENDING=0 nol2=$C/anvil,ANVIL_X_L2TAIL=0 \
   s4=$C/variants/s4/anvil > "$OUT_ROOT/ab.txt" 2>&1
 tail -n 40 "$OUT_ROOT/ab.txt"
 
-ANVIL_FIXTURES_DIR=$PWD/$C/fixtures timeout 250 $C/anvil_gpu_tests > "$OUT_ROOT/tests.log" 2>&1
+ANVIL_FIXTURES_DIR=$PWD/$C/fixtures timeout 240 $C/anvil_gpu_tests > "$OUT_ROOT/tests.log" 2>&1
 echo "gpu tests exit $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|tests ran" "$OUT_ROOT/tests.log" | tail -n 15
 
