@@ -19,6 +19,8 @@
 # ANVIL_CARRY_TESTS=0 leaves out every GPU test binary and the fixtures (enough for timings with
 # dummy weights). ANVIL_CARRY_DIR (default .gpu-pack) names the folder the tarball goes to, so that
 # a second pack for a later call of the same lease can wait beside the first (carry only its folder).
+# ANVIL_CARRY_EXTRA="file ..." adds standalone executables built here (tools/cuda-harness probes)
+# as .gpu-carry/extra/NAME.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: gpu_carry.sh BUILD_DIR [BASE_ANVIL]}
@@ -51,7 +53,14 @@ for bin in "$carry"/anvil* "$carry"/variants/*/anvil*; do
     grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libgcc_s|libcuda)\.so' |
     while read -r lib; do cp -L "$lib" "$carry/lib/"; done
 done
-strip "$carry"/anvil* "$carry"/variants/*/anvil* 2>/dev/null || true
+if [ -n "${ANVIL_CARRY_EXTRA:-}" ]; then
+  mkdir -p "$carry/extra"
+  for f in $ANVIL_CARRY_EXTRA; do
+    [ -x "$f" ] || { echo "gpu_carry.sh: $f: no such executable" >&2; exit 1; }
+    cp "$f" "$carry/extra/"
+  done
+fi
+strip "$carry"/anvil* "$carry"/variants/*/anvil* "$carry"/extra/* 2>/dev/null || true
 if [ "${ANVIL_CARRY_TRACE:-0}" = 1 ]; then
   cuda=${CUDA_HOME:-/usr/local/cuda}
   g++ -O2 -shared -fPIC -I"$cuda/include" tools/cuda-harness/kernel_trace.cpp -L"$cuda/lib64" -lcupti \
