@@ -7,6 +7,7 @@
 //   moe_probe copy                 the weight ring alone (cp.async, no arithmetic): 64-byte row
 //                                  pieces as stored against 1 KB pieces
 //   moe_probe both f16             also the FP16 form below (session 16)
+//   moe_probe both bulk            also the FP16 form fed by the bulk copy engine (session 25)
 // The FP8 form (session 15): a weight word decodes to two e5m2 registers in 5 ALU ops (a layout
 // made for it at load), the activation is two e4m3 terms (hi + lo, exact for bf16 within 2^-10
 // of the token's largest magnitude) in the mma's columns, and each 32-value block's scale
@@ -37,6 +38,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/moe_decode.cuh"
 #include "backend/cuda/mxfp4_f16_layout.h"
 #include "harness_common.h"
@@ -424,6 +426,147 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
   }
 }
 
+// ---- the FP16 form fed by the bulk copy engine (session 25) ----
+// f16_m1's arithmetic, bit for bit (each warp takes the same chunks in the same order), with the
+// weights brought in by cp.async.bulk instead of each lane's cp.async: a block of kTiles 16-row
+// tiles x kSplitK warps per tile shares a ring of kStages stages, a stage being kStageChunks
+// 64-byte chunks of every row of the block (one bulk copy per row, issued by warp 0's lanes), all
+// of them requested at the start. The question (docs/perf/gpu.md, session 25): f16_m1's
+// arithmetic alone ran gate_up in 11.5 us and its copies alone in 12.3-13.4, both in 16.4 (H200,
+// session 18); with the copies off the consumer warps and more bytes in flight, how near 11.5
+// does the whole come? kMode: 0 the kernel, 1 arithmetic alone (no copies, stale ring), 2 copies
+// alone (the stages folded).
+template <int kTiles, int kSplitK, int kStageChunks, int kStages>
+struct BulkShape {
+  static constexpr int kWarps = kTiles * kSplitK, kRows = 16 * kTiles;
+  static constexpr int kPitch = kStageChunks * 64 + 64;  // the pad: rows g and g + 1 in opposite bank halves
+  static constexpr int kStageBytes = kRows * kPitch;
+  // [barriers: kStages + 1][float scales: kRows x chunks x 4][raw scale words: kRows x chunks][ring]
+  __host__ __device__ static size_t scale_floats_at() { return 128; }
+  __host__ __device__ static size_t raw_at(int chunks) { return scale_floats_at() + size_t(kRows) * chunks * 16; }
+  __host__ __device__ static size_t ring_at(int chunks) { return (raw_at(chunks) + size_t(kRows) * chunks * 4 + 127) / 128 * 128; }
+  __host__ __device__ static size_t smem(int chunks) { return ring_at(chunks) + size_t(kStages) * kStageBytes; }
+};
+
+template <int kTiles, int kSplitK, int kStageChunks, int kStages, int kMinBlocks, int kMode = 0>
+__global__ void __launch_bounds__(kTiles * kSplitK * 32, kMinBlocks)
+    f16_bulk(const uint8_t* blocks, const uint8_t* scales, int n, int k, const int* experts, const uint4* x16,
+             float* out) {
+  using Shape = BulkShape<kTiles, kSplitK, kStageChunks, kStages>;
+  constexpr int kRows = Shape::kRows, kPitch = Shape::kPitch, kStageBytes = Shape::kStageBytes;
+  static_assert(kStageChunks % kSplitK == 0, "each warp's chunks in f16_m1's order");
+  const int expert = experts[blockIdx.y];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int tile = warp / kSplitK, kpart = warp % kSplitK;
+  const int block_row0 = blockIdx.x * kRows;  // n % kRows == 0 (the host checks)
+  const int nblk = k / 32, chunks = (nblk + 3) / 4, row_bytes = chunks * 64;
+  const int stages_total = (chunks + kStageChunks - 1) / kStageChunks;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* const scales_full = full + kStages;
+  float* const scale_f = reinterpret_cast<float*>(smem + Shape::scale_floats_at());
+  uint32_t* const scale_raw = reinterpret_cast<uint32_t*>(smem + Shape::raw_at(chunks));
+  uint8_t* const ring = smem + Shape::ring_at(chunks);
+
+  auto issue = [&](int i) {  // warp 0
+    const int slot = i % kStages, first = i * kStageChunks;
+    const uint32_t piece = uint32_t(min(kStageChunks, chunks - first) * 64);
+    if (lane == 0) anvil::cuda::bulk::barrier_expect_bytes(full + slot, piece * kRows);
+    __syncwarp();
+    for (int r = lane; r < kRows; r += 32)
+      anvil::cuda::bulk::copy_to_shared(ring + slot * kStageBytes + r * kPitch,
+                                        blocks + (int64_t(expert) * n + block_row0 + r) * row_bytes + first * 64,
+                                        piece, full + slot);
+  };
+  if (threadIdx.x == 0)
+    for (int i = 0; i <= kStages; ++i) anvil::cuda::bulk::barrier_init(full + i, 1);
+  __syncthreads();
+  if (warp == 0) {
+    if (lane == 0) {
+      const uint32_t bytes = uint32_t(kRows * chunks * 4);
+      anvil::cuda::bulk::barrier_expect_bytes(scales_full, bytes);
+      anvil::cuda::bulk::copy_to_shared(scale_raw, scales + (int64_t(expert) * n + block_row0) * chunks * 4, bytes,
+                                        scales_full);
+    }
+    if constexpr (kMode != 1)
+      for (int i = 0; i < min(kStages, stages_total); ++i) issue(i);
+  }
+  // The block's scales as floats, 2^(s - 127) from the exponent bits alone, once.
+  anvil::cuda::bulk::barrier_wait(scales_full, 0);
+  for (int i = threadIdx.x; i < kRows * chunks; i += Shape::kWarps * 32) {
+    const uint32_t w = scale_raw[i];
+    *reinterpret_cast<float4*>(scale_f + 4 * i) =
+        make_float4(__uint_as_float((w << 23) & 0x7f800000u), __uint_as_float((w << 15) & 0x7f800000u),
+                    __uint_as_float((w << 7) & 0x7f800000u), __uint_as_float((w >> 1) & 0x7f800000u));
+  }
+  __syncthreads();
+
+  const int row_a = 16 * tile + g, row_b = row_a + 8;
+  const uint4* xl = x16 + t;
+  float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [block parity][row g, row g + 8]
+  uint32_t fold = 0;
+  constexpr int kPerStage = kStageChunks / kSplitK;
+  for (int i = 0; i < stages_total; ++i) {
+    const int slot = i % kStages, first = i * kStageChunks;
+    const int here = min(kStageChunks, chunks - first);
+    // The token for this stage's chunks of the warp (L1 after the first block on the SM).
+    uint4 xv[kPerStage][4];
+#pragma unroll
+    for (int q = 0; q < kPerStage; ++q) {
+      const int j = kpart + q * kSplitK;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) xv[q][w] = load_cached_16(xl + (first + j) * 16 + 4 * w, j < here);
+    }
+    if constexpr (kMode != 1) anvil::cuda::bulk::barrier_wait(full + slot, uint32_t(i / kStages) & 1u);
+    const uint8_t* const stage = ring + slot * kStageBytes;
+#pragma unroll
+    for (int q = 0; q < kPerStage; ++q) {
+      const int j = kpart + q * kSplitK;
+      if (j >= here) break;
+      const int c = first + j;
+      const uint4 a4 = *reinterpret_cast<const uint4*>(stage + row_a * kPitch + j * 64 + t * 16);
+      const uint4 b4 = *reinterpret_cast<const uint4*>(stage + row_b * kPitch + j * 64 + t * 16);
+      if constexpr (kMode == 2) {
+        fold ^= a4.x ^ a4.y ^ a4.z ^ a4.w ^ b4.x ^ b4.y ^ b4.z ^ b4.w ^ xv[q][0].x ^ xv[q][3].w;
+        continue;
+      }
+      const float4 fa = *reinterpret_cast<const float4*>(scale_f + (row_a * chunks + c) * 4);
+      const float4 fb = *reinterpret_cast<const float4*>(scale_f + (row_b * chunks + c) * 4);
+      const uint32_t wa4[4] = {a4.x, a4.y, a4.z, a4.w}, wb4[4] = {b4.x, b4.y, b4.z, b4.w};
+      const float sca[4] = {fa.x, fa.y, fa.z, fa.w}, scb[4] = {fb.x, fb.y, fb.z, fb.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_f16(d, f16_pair_a(wa4[w]), f16_pair_a(wb4[w]), f16_pair_b(wa4[w]), f16_pair_b(wb4[w]), xv[q][w].x,
+                xv[q][w].y);
+        mma_f16(d, f16_pair_c(wa4[w]), f16_pair_c(wb4[w]), f16_pair_d(wa4[w]), f16_pair_d(wb4[w]), xv[q][w].z,
+                xv[q][w].w);
+        acc[w % 2][0] = fmaf(sca[w], d[0], acc[w % 2][0]);
+        acc[w % 2][1] = fmaf(scb[w], d[2], acc[w % 2][1]);
+      }
+    }
+    __syncthreads();  // every warp is done with the slot
+    if constexpr (kMode != 1)
+      if (warp == 0 && i + kStages < stages_total) issue(i + kStages);
+  }
+  __shared__ float2 partial[Shape::kWarps][32];
+  float ya = (acc[0][0] + acc[1][0]) * 16384.0f, yb = (acc[0][1] + acc[1][1]) * 16384.0f;
+  if constexpr (kMode == 2) ya = __uint_as_float(fold & 0x3fffffffu);
+  if constexpr (kSplitK > 1) {
+    partial[warp][lane] = make_float2(ya, yb);
+    __syncthreads();
+    if (kpart == 0)
+      for (int q = 1; q < kSplitK; ++q) {
+        ya += partial[warp + q][lane].x;
+        yb += partial[warp + q][lane].y;
+      }
+  }
+  if (kpart == 0 && t == 0) {
+    out[int64_t(blockIdx.y) * n + block_row0 + row_a] = ya;
+    out[int64_t(blockIdx.y) * n + block_row0 + row_b] = yb;
+  }
+}
+
 // ---- host: the layout ----
 // Code at k of a row (checkpoint: byte k/2, low nibble for even k).
 inline uint32_t code_at(const uint8_t* row, int kk) { return (row[kk / 2] >> (4 * (kk % 2))) & 0xFu; }
@@ -511,7 +654,7 @@ double emulate_f16_rows(const std::vector<uint8_t>& codes, const std::vector<uin
 
 using namespace anvil::cuda;
 
-static bool g_old_only = false, g_fp8 = false, g_f16 = false;
+static bool g_old_only = false, g_fp8 = false, g_f16 = false, g_bulk = false;
 constexpr int kPool = 48, kSets = 12, kActive = 4, kRounds = 10;
 
 // Packs (or otherwise handles) rows 0..rows-1 on every host core.
@@ -593,6 +736,30 @@ static void run_f16(const char* label, const uint8_t* blocks, const uint8_t* sca
   std::printf("PERF %-8s f16%s split=%d stages=%d minb=%d regs=%3d spill=%dB warps/SM=%2d grid warps=%5u  %7.2f us  %6.0f GB/s\n",
               label, kMode == 1 ? "-arith" : kMode == 2 ? "-copy" : kMode == 3 ? "-8tok" : "", kSplitK, kStages, kMinBlocks, attr.numRegs, int(attr.localSizeBytes), resident * probe::kWarps,
               grid.x * grid.y * probe::kWarps, us, bytes / us * 1e-3);
+}
+
+template <int kTiles, int kSplitK, int kStageChunks, int kStages, int kMinBlocks, int kMode = 0>
+static void run_f16_bulk(const char* label, const uint8_t* blocks, const uint8_t* scales, int n, int k,
+                         int* const* sets, const uint4* x16, float* out, cudaStream_t s, double bytes) {
+  using Shape = probe::BulkShape<kTiles, kSplitK, kStageChunks, kStages>;
+  constexpr auto kernel = probe::f16_bulk<kTiles, kSplitK, kStageChunks, kStages, kMinBlocks, kMode>;
+  if (n % Shape::kRows != 0) return;
+  const int chunks = (k / 32 + 3) / 4;
+  const size_t smem = Shape::smem(chunks);
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned(n / Shape::kRows), kActive);
+  cudaFuncAttributes attr;
+  CK(cudaFuncGetAttributes(&attr, kernel));
+  int resident = 0, sms = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Shape::kWarps * 32, smem));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const double us = time_us(
+      [&](int set) { kernel<<<grid, Shape::kWarps * 32, smem, s>>>(blocks, scales, n, k, sets[set], x16, out); }, s);
+  std::printf("PERF %-8s bulk%s tiles=%d split=%d stage=%dx64B stages=%d regs=%3d spill=%dB smem=%zuB warps/SM=%2d "
+              "waves=%.2f  %7.2f us  %6.0f GB/s\n",
+              label, kMode == 1 ? "-arith" : kMode == 2 ? "-copy" : "", kTiles, kSplitK, kStageChunks, kStages,
+              attr.numRegs, int(attr.localSizeBytes), smem, resident * Shape::kWarps,
+              double(grid.x * grid.y) / std::max(1, resident * sms), us, bytes / us * 1e-3);
 }
 
 template <int kSplitK, bool kGateUp>
@@ -678,6 +845,54 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
           differing += std::memcmp(&got8[(size_t(e) * 8 + tok) * n + r], &got[size_t(e) * n + r], 4) != 0;
     std::printf("CHECK %-8s f16 eight-token form: %zu of %zu values differ from the one-token form%s\n", label,
                 differing, got8.size(), differing == 0 ? "" : "  FAIL");
+  }
+  if (g_bulk) {
+    // The bulk-fed form against f16_m1 at the same split (same chunks per warp, same order): the
+    // same bits. Then f16_m1's best configuration of session 18 beside the bulk shapes.
+    constexpr auto reference = probe::f16_m1<kSplitK * 2, 4, 6>;
+    const size_t ref_smem = size_t(probe::kWarps) * 16 * 4 * ((chunks + kSplitK * 2 - 1) / (kSplitK * 2)) * sizeof(float);
+    CK(cudaFuncSetAttribute(reference, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ref_smem)));
+    CK(cudaMemset(d_out, 0xff, size_t(kActive) * n * 4));
+    reference<<<dim3(unsigned(n / (16 * probe::kWarps / (kSplitK * 2))), kActive), 128, ref_smem, s>>>(
+        d_packed, d_scales, n, k, sets[0], d_x16, d_out);
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> want(size_t(kActive) * n), got(size_t(kActive) * n);
+    CK(cudaMemcpy(want.data(), d_out, want.size() * 4, cudaMemcpyDeviceToHost));
+    using Shape = probe::BulkShape<2, kSplitK * 2, 4, 2>;
+    constexpr auto bulk = probe::f16_bulk<2, kSplitK * 2, 4, 2, 1>;
+    if (n % Shape::kRows == 0) {
+      CK(cudaFuncSetAttribute(bulk, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Shape::smem(int(chunks)))));
+      CK(cudaMemset(d_out, 0xff, size_t(kActive) * n * 4));
+      bulk<<<dim3(unsigned(n / Shape::kRows), kActive), Shape::kWarps * 32, Shape::smem(int(chunks)), s>>>(
+          d_packed, d_scales, n, k, sets[0], d_x16, d_out);
+      CK(cudaStreamSynchronize(s));
+      CK(cudaMemcpy(got.data(), d_out, got.size() * 4, cudaMemcpyDeviceToHost));
+      size_t differing = 0;
+      for (size_t i = 0; i < got.size(); ++i) differing += std::memcmp(&got[i], &want[i], 4) != 0;
+      std::printf("CHECK %-8s bulk-fed form: %zu of %zu values differ from f16_m1's%s\n", label, differing, got.size(),
+                  differing == 0 ? "" : "  FAIL");
+    }
+    run_f16<kSplitK * 2, 4, 6>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16<kSplitK * 2, 4, 6, 1>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16<kSplitK * 2, 4, 6, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    // Shapes at ~24 warps per SM (launch bounds as f16_m1's, 80 registers or fewer): gate_up at
+    // split 2 (as the model's), down at split 4.
+    constexpr int S = kSplitK * 2;
+    run_f16_bulk<2, S, 4, 2, 24 / (2 * S)>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16_bulk<2, S, 4, 2, 24 / (2 * S), 1>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16_bulk<2, S, 4, 2, 24 / (2 * S), 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16_bulk<2, S, 4, 3, 24 / (2 * S)>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16_bulk<2, S, 8, 2, 24 / (2 * S)>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16_bulk<4, S, 4, 2, 24 / (4 * S)>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16_bulk<1, S, 4, 3, 24 / S>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16_bulk<1, S, 4, 3, 24 / S, 1>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16_bulk<1, S, 4, 3, 24 / S, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    run_f16_bulk<1, S, 4, 4, 24 / S>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
+    cudaFree(d_packed);
+    cudaFree(d_scales);
+    cudaFree(d_x16);
+    cudaFree(d_out);
+    return;
   }
   // Session 18: does the time follow the warps per SM when the grid is one wave? (split x 2 with
   // up to 24 warps per SM, against the present split at 12 and 16.) Then the time split into its
@@ -865,7 +1080,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   g_fp8 = argc > 2 && std::string(argv[2]) == "fp8";
-  g_f16 = argc > 2 && std::string(argv[2]) == "f16";
+  g_f16 = argc > 2 && (std::string(argv[2]) == "f16" || std::string(argv[2]) == "bulk");
+  g_bulk = argc > 2 && std::string(argv[2]) == "bulk";
   if (which == "old") {  // the present kernel alone, for a profiler
     g_old_only = true;
     case_run<1>("gate_up", 5760, 2880, true);
