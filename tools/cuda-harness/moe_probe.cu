@@ -275,6 +275,29 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
 // fp16, k order, chunk c's block w for lane quad t at x16[16c + 4w + t] = {b0, b1} of step 0, then
 // of step 1. Scales up to 240 (real checkpoints stay near 127).
 
+// The end of a 16-row tile in the FP16 forms: each warp's sums back from code · 2^-14 (kMode 2:
+// the copies' fold instead), the k parts added in warp order by part 0, whose t == 0 lanes store
+// rows row_a and row_b (those below n) of `out`.
+template <int kSplitK, int kMode>
+__device__ __forceinline__ void store_tile(const float (&acc)[2][2], uint32_t fold, float2 (*partial)[32], int warp,
+                                           int lane, int kpart, float* out, int row_a, int row_b, int n) {
+  float ya = (acc[0][0] + acc[1][0]) * 16384.0f, yb = (acc[0][1] + acc[1][1]) * 16384.0f;
+  if constexpr (kMode == 2) ya = __uint_as_float(fold & 0x3fffffffu);
+  if constexpr (kSplitK > 1) {
+    partial[warp][lane] = make_float2(ya, yb);
+    __syncthreads();
+    if (kpart == 0)
+      for (int q = 1; q < kSplitK; ++q) {
+        ya += partial[warp + q][lane].x;
+        yb += partial[warp + q][lane].y;
+      }
+  }
+  if (kpart == 0 && lane % 4 == 0) {
+    if (row_a < n) out[row_a] = ya;
+    if (row_b < n) out[row_b] = yb;
+  }
+}
+
 // kMode (session 18's split of the time): 0 the kernel; 1 its arithmetic alone (no weight copies:
 // the ring's stale bytes are decoded); 2 its copies alone (the ring read back and folded, no
 // decode or mma); 3 the kernel for eight tokens per expert (the mma's n8 all used: lane quad g
@@ -409,21 +432,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
     }
     return;
   }
-  float ya = (acc[0][0] + acc[1][0]) * 16384.0f, yb = (acc[0][1] + acc[1][1]) * 16384.0f;
-  if constexpr (kMode == 2) ya = __uint_as_float(fold & 0x3fffffffu);
-  if constexpr (kSplitK > 1) {
-    partial[warp][lane] = make_float2(ya, yb);
-    __syncthreads();
-    if (kpart == 0)
-      for (int q = 1; q < kSplitK; ++q) {
-        ya += partial[warp + q][lane].x;
-        yb += partial[warp + q][lane].y;
-      }
-  }
-  if (kpart == 0 && t == 0) {
-    if (row0 + g < n) out[int64_t(blockIdx.y) * n + row0 + g] = ya;
-    if (row0 + g + 8 < n) out[int64_t(blockIdx.y) * n + row0 + g + 8] = yb;
-  }
+  store_tile<kSplitK, kMode>(acc, fold, partial, warp, lane, kpart, out + int64_t(blockIdx.y) * n, row0 + g,
+                             row0 + g + 8, n);
 }
 
 // ---- the FP16 form fed by the bulk copy engine (session 25) ----
@@ -550,21 +560,8 @@ __global__ void __launch_bounds__(kTiles * kSplitK * 32, kMinBlocks)
       if (warp == 0 && i + kStages < stages_total) issue(i + kStages);
   }
   __shared__ float2 partial[Shape::kWarps][32];
-  float ya = (acc[0][0] + acc[1][0]) * 16384.0f, yb = (acc[0][1] + acc[1][1]) * 16384.0f;
-  if constexpr (kMode == 2) ya = __uint_as_float(fold & 0x3fffffffu);
-  if constexpr (kSplitK > 1) {
-    partial[warp][lane] = make_float2(ya, yb);
-    __syncthreads();
-    if (kpart == 0)
-      for (int q = 1; q < kSplitK; ++q) {
-        ya += partial[warp + q][lane].x;
-        yb += partial[warp + q][lane].y;
-      }
-  }
-  if (kpart == 0 && t == 0) {
-    out[int64_t(blockIdx.y) * n + block_row0 + row_a] = ya;
-    out[int64_t(blockIdx.y) * n + block_row0 + row_b] = yb;
-  }
+  store_tile<kSplitK, kMode>(acc, fold, partial, warp, lane, kpart, out + int64_t(blockIdx.y) * n,
+                             block_row0 + row_a, block_row0 + row_b, n);
 }
 
 // ---- host: the layout ----
