@@ -7,12 +7,7 @@
 # .gpu-carry/variants/s4/anvil = main with session 23's 4-stage FP16 ring for the batch-1 MoE.
 # A/B first (the figures matter most if the lease is cut short), then the suite, then a trace.
 set -uo pipefail
-cd "$(dirname "$0")/../../../../.."
-OUT_ROOT=${OUT:-/tmp/lease25}
-mkdir -p "$OUT_ROOT"
-tar -xzf .gpu-pack/carry.tgz
-C=.gpu-carry
-export LD_LIBRARY_PATH=$PWD/$C/lib
+source "$(dirname "$0")/unpack.sh" .gpu-pack /tmp/lease25
 
 OUT=$OUT_ROOT/ab ANVIL_AB_BATCHES=1,8,64 ANVIL_AB_ROUNDS=2 ANVIL_AB_PREFILL=128 timeout 300 \
   bash scripts/gpu_ab.sh base=$C/anvil-base new=$C/anvil \

@@ -8,12 +8,7 @@
 # (tools/cuda-harness/grid_barrier.cu, chain_latency.cu); and the batch-1 MoE product fed by the
 # bulk copy engine (tools/cuda-harness/moe_probe.cu `both bulk`). Probes built here for sm_90a.
 set -uo pipefail
-cd "$(dirname "$0")/../../../../.."
-OUT_ROOT=${OUT:-/tmp/lease25b}
-mkdir -p "$OUT_ROOT"
-tar -xzf .gpu-pack2/carry.tgz
-C=.gpu-carry
-export LD_LIBRARY_PATH=$PWD/$C/lib
+source "$(dirname "$0")/unpack.sh" .gpu-pack2 /tmp/lease25b
 
 OUT=$OUT_ROOT/ab ANVIL_AB_BATCHES=1,8,64 ANVIL_AB_ROUNDS=2 ANVIL_AB_PREFILL=128 timeout 220 \
   bash scripts/gpu_ab.sh base=$C/anvil-base s2=$C/variants/s2/anvil s4=$C/variants/s4/anvil \
