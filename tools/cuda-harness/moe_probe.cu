@@ -764,7 +764,9 @@ static void run_old(const char* label, const uint8_t* blocks, const uint8_t* sca
                     const moe::Routing* routings, const uint16_t* x, uint16_t* act, float* out, cudaStream_t s,
                     double bytes) {
   constexpr auto kernel = moe::moe_decode_kernel<1, kSplitK, kGateUp, moe::Kind::Mxfp4>;
-  const size_t smem = size_t(moe::kDecodeWarps) * 16 * size_t(k / 32);
+  // blocks and scales in the loader's layout (FP16-form codes, scale rows padded to whole chunks):
+  // with the checkpoint's 90-byte scale rows it staged 92 bytes a row past its shared memory.
+  const size_t smem = size_t(moe::kDecodeWarps) * 16 * size_t(anvil::cuda::mxfp4::f16_scale_row_bytes(k));
   const dim3 grid(unsigned(n / (16 * moe::kDecodeWarps / kSplitK)), kActive);
   const double us = time_us(
       [&](int set) {
@@ -989,15 +991,32 @@ static void case_run(const char* label, int n, int k, bool gate_up) {
   }
 
   const double bytes = double(kActive) * n * (row_bytes + nblk);
+  // The present kernel reads what the loader stores (mxfp4_f16_layout.h), not the checkpoint's rows.
+  uint8_t *d_loaded_codes, *d_loaded_scales;
+  {
+    const size_t rows = size_t(kPool) * n, code_row = size_t(anvil::cuda::mxfp4::f16_row_bytes(k)),
+                 scale_row = size_t(anvil::cuda::mxfp4::f16_scale_row_bytes(k));
+    std::vector<uint8_t> loaded_codes(rows * code_row), loaded_scales(rows * scale_row);
+    for_rows_in_parallel(rows, [&](size_t r) {
+      anvil::cuda::mxfp4::pack_row_f16(&codes[r * row_bytes], &loaded_codes[r * code_row], k);
+      anvil::cuda::mxfp4::pack_scales_f16(&scales[r * nblk], &loaded_scales[r * scale_row], k);
+    });
+    CK(cudaMalloc(&d_loaded_codes, loaded_codes.size()));
+    CK(cudaMalloc(&d_loaded_scales, loaded_scales.size()));
+    CK(cudaMemcpy(d_loaded_codes, loaded_codes.data(), loaded_codes.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_loaded_scales, loaded_scales.data(), loaded_scales.size(), cudaMemcpyHostToDevice));
+  }
   // And with k split twice as finely (session 18: one wave of warps when the build's
   // ANVIL_DECODE_MINB1 allows 24 per SM).
   if (gate_up) {
-    run_old<kSplitK, true>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
-    run_old<kSplitK * 2, true>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
+    run_old<kSplitK, true>(label, d_loaded_codes, d_loaded_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
+    run_old<kSplitK * 2, true>(label, d_loaded_codes, d_loaded_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
   } else {
-    run_old<kSplitK, false>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
-    run_old<kSplitK * 2, false>(label, d_codes, d_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
+    run_old<kSplitK, false>(label, d_loaded_codes, d_loaded_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
+    run_old<kSplitK * 2, false>(label, d_loaded_codes, d_loaded_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
   }
+  cudaFree(d_loaded_codes);
+  cudaFree(d_loaded_scales);
   if (g_f16) f16_case<kSplitK>(label, n, k, codes, scales, x, set_ids[0], sets.data(), s, bytes);
   if (g_old_only || !g_fp8) return;
   run_new<kSplitK, 8, 3>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
