@@ -788,31 +788,20 @@ static void run_old(const char* label, const uint8_t* blocks, const uint8_t* sca
               moe::kDecodeStages, ANVIL_DECODE_MINB1, us, bytes / us * 1e-3);
 }
 
-// The FP16 form: its layout, a check on one expert set against a double reference (codes,
-// scales and the bf16 token as given), then timings.
+// The FP16 form on the loader's layout (d_packed, d_scales: case_run's upload), a check on one
+// expert set against a double reference (codes, scales and the bf16 token as given), then timings.
 template <int kSplitK>
 static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>& codes,
-                     const std::vector<uint8_t>& scales, const std::vector<uint16_t>& x, const std::vector<int>& check_ids,
-                     int* const* sets, cudaStream_t s, double bytes) {
-  const size_t row_bytes = size_t(k) / 2, nblk = size_t(k) / 32, chunks = (nblk + 3) / 4;
-  // Scales padded to whole chunks (4 blocks, one word) per row, as the kernel reads them.
-  std::vector<uint8_t> padded(size_t(kPool) * n * chunks * 4, 0);
-  for (size_t r = 0; r < size_t(kPool) * n; ++r)
-    std::memcpy(&padded[r * chunks * 4], &scales[r * nblk], nblk);
-  const size_t rows = size_t(kPool) * n, packed_row = chunks * 64;
-  std::vector<uint8_t> packed(rows * packed_row);
-  for_rows_in_parallel(rows, [&](size_t r) { probe::pack_row_f16(&codes[r * row_bytes], &packed[r * packed_row], k); });
+                     const std::vector<uint8_t>& scales, const uint8_t* d_packed, const uint8_t* d_scales,
+                     const std::vector<uint16_t>& x, const std::vector<int>& check_ids, int* const* sets,
+                     cudaStream_t s, double bytes) {
+  const size_t chunks = size_t(anvil::cuda::mxfp4::f16_chunks(k));
   const std::vector<uint32_t> x16 = probe::token_f16(x, k);
-  uint8_t *d_packed, *d_scales;
   uint4* d_x16;
   float* d_out;
-  CK(cudaMalloc(&d_packed, packed.size() + 256));
-  CK(cudaMalloc(&d_scales, padded.size() + 256));
   // Room for eight tokens (kMode 3): the token repeated, so each column's sum is token 0's.
   CK(cudaMalloc(&d_x16, x16.size() * 4 * 8 + 256));
   CK(cudaMalloc(&d_out, size_t(kActive) * 8 * n * 4));
-  CK(cudaMemcpy(d_packed, packed.data(), packed.size(), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_scales, padded.data(), padded.size(), cudaMemcpyHostToDevice));
   for (int tok = 0; tok < 8; ++tok)
     CK(cudaMemcpy(reinterpret_cast<uint8_t*>(d_x16) + x16.size() * 4 * tok, x16.data(), x16.size() * 4,
                   cudaMemcpyHostToDevice));
@@ -887,8 +876,6 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
     run_f16_bulk<1, S, 4, 3, 24 / S, 1>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
     run_f16_bulk<1, S, 4, 3, 24 / S, 2>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
     run_f16_bulk<1, S, 4, 4, 24 / S>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
-    cudaFree(d_packed);
-    cudaFree(d_scales);
     cudaFree(d_x16);
     cudaFree(d_out);
     return;
@@ -911,8 +898,6 @@ static void f16_case(const char* label, int n, int k, const std::vector<uint8_t>
   run_f16<kSplitK, 8, 3, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
   run_f16<kSplitK * 2, 4, 6, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
   run_f16<kSplitK * 2, 3, 6, 3>(label, d_packed, d_scales, n, k, sets, d_x16, d_out, s, bytes);
-  cudaFree(d_packed);
-  cudaFree(d_scales);
   cudaFree(d_x16);
   cudaFree(d_out);
 }
@@ -991,7 +976,8 @@ static void case_run(const char* label, int n, int k, bool gate_up) {
   }
 
   const double bytes = double(kActive) * n * (row_bytes + nblk);
-  // The present kernel reads what the loader stores (mxfp4_f16_layout.h), not the checkpoint's rows.
+  // What the loader stores (mxfp4_f16_layout.h), not the checkpoint's rows: the present kernel's
+  // input, and the FP16 forms'.
   uint8_t *d_loaded_codes, *d_loaded_scales;
   {
     const size_t rows = size_t(kPool) * n, code_row = size_t(anvil::cuda::mxfp4::f16_row_bytes(k)),
@@ -1001,8 +987,8 @@ static void case_run(const char* label, int n, int k, bool gate_up) {
       anvil::cuda::mxfp4::pack_row_f16(&codes[r * row_bytes], &loaded_codes[r * code_row], k);
       anvil::cuda::mxfp4::pack_scales_f16(&scales[r * nblk], &loaded_scales[r * scale_row], k);
     });
-    CK(cudaMalloc(&d_loaded_codes, loaded_codes.size()));
-    CK(cudaMalloc(&d_loaded_scales, loaded_scales.size()));
+    CK(cudaMalloc(&d_loaded_codes, loaded_codes.size() + 256));
+    CK(cudaMalloc(&d_loaded_scales, loaded_scales.size() + 256));
     CK(cudaMemcpy(d_loaded_codes, loaded_codes.data(), loaded_codes.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_loaded_scales, loaded_scales.data(), loaded_scales.size(), cudaMemcpyHostToDevice));
   }
@@ -1015,9 +1001,11 @@ static void case_run(const char* label, int n, int k, bool gate_up) {
     run_old<kSplitK, false>(label, d_loaded_codes, d_loaded_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
     run_old<kSplitK * 2, false>(label, d_loaded_codes, d_loaded_scales, n, k, routings.data(), d_x, d_act, d_out, s, bytes);
   }
+  if (g_f16)
+    f16_case<kSplitK>(label, n, k, codes, scales, d_loaded_codes, d_loaded_scales, x, set_ids[0], sets.data(), s,
+                      bytes);
   cudaFree(d_loaded_codes);
   cudaFree(d_loaded_scales);
-  if (g_f16) f16_case<kSplitK>(label, n, k, codes, scales, x, set_ids[0], sets.data(), s, bytes);
   if (g_old_only || !g_fp8) return;
   run_new<kSplitK, 8, 3>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
   run_new<kSplitK, 8, 4>(label, d_packed, d_scales, n, k, sets.data(), d_x, d_out, s, bytes);
