@@ -3,6 +3,7 @@
 // each group has its own pool of fixed-size blocks, so sliding-window layers can give back
 // blocks that fell out of their window while full-attention layers keep theirs. Which block a
 // sequence's position lives in is the engine's business (block tables); this only stores.
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -36,6 +37,20 @@ class KvGroupStorage {
   void* device_keys(int64_t layer) const { return device_keys_.get<uint8_t>() + offset(layer, 0, 0) * element_bytes(shape_); }
   void* device_values(int64_t layer) const {
     return device_values_.get<uint8_t>() + offset(layer, 0, 0) * element_bytes(shape_);
+  }
+  // What every device pointer into this cache follows from: layer l's keys sit at
+  // keys + l * num_blocks * (block bytes), its values likewise. A CUDA graph captured against one
+  // cache may replay against another only if these are equal; the first layer's address alone
+  // is not enough, as a smaller cache freed and allocated again often starts at the same address
+  // while every later layer moves.
+  struct DeviceLayout {
+    const void* keys = nullptr;
+    const void* values = nullptr;
+    int64_t num_blocks = 0;
+    auto operator<=>(const DeviceLayout&) const = default;
+  };
+  DeviceLayout device_layout() const {
+    return {device_keys_.get<uint8_t>(), device_values_.get<uint8_t>(), shape_.num_blocks};
   }
   size_t bytes() const { return size_t(shape_.num_blocks) * bytes_per_block(shape_); }
   static size_t element_bytes(const KvGroupShape& shape) {

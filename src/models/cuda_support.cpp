@@ -388,7 +388,7 @@ void CudaStepRunner::run(const StepBatch& batch, const KvLayout& layout, const M
   } else {
     GraphKey key{step.rows, step.logit_rows, mode, {}, {}};
     for (const auto& view : step.groups) key.strides.push_back(view.max_blocks);
-    for (const auto& storage : kv_cache) key.caches.push_back(storage.device_keys(0));
+    for (const auto& storage : kv_cache) key.caches.push_back(storage.device_layout());
     // Each cache a caller creates (a bench, a test) makes new keys; keep the map bounded.
     if (graphs_.size() >= kMaxGraphs && !graphs_.count(key)) graphs_.clear();
     GraphEntry& entry = graphs_[key];

@@ -159,7 +159,7 @@ class CudaStepRunner {
     int64_t rows, logit_rows;
     Mode mode;
     std::vector<int64_t> strides;  // per KV group
-    std::vector<const void*> caches;  // per KV group: the cache the graph writes into
+    std::vector<KvGroupStorage::DeviceLayout> caches;  // per KV group: the cache the graph writes into
     auto operator<=>(const GraphKey&) const = default;
   };
   struct GraphEntry {

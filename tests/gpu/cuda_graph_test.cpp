@@ -17,12 +17,13 @@
 namespace anvil {
 namespace {
 
-std::unique_ptr<Model> load_tiny(bool enforce_eager, ComputeDtype dtype = ComputeDtype::Auto) {
+std::unique_ptr<Model> load_tiny(bool enforce_eager, ComputeDtype dtype = ComputeDtype::Auto,
+                                 const char* fixture = "gpt-oss-tiny") {
   LoadOptions options;
   options.device = Device::Cuda;
   options.enforce_eager = enforce_eager;
   options.dtype = dtype;
-  return load_model(test::fixtures_dir() / "gpt-oss-tiny", options);
+  return load_model(test::fixtures_dir() / fixture, options);
 }
 
 std::vector<int32_t> prompt_of(int64_t length, int32_t vocab, uint32_t seed) {
@@ -81,6 +82,26 @@ TEST_F(CudaGraphTest, GreedyDecodeEqualsEagerAcrossAStrideChange) {
   const auto without = generate(*eager, request).output_ids;
   ASSERT_EQ(with_graphs.size(), 60u);
   EXPECT_EQ(with_graphs, without);
+}
+
+// Each prompt_logits call sizes a fresh KV cache to its prompt, and a smaller one freed and
+// allocated again tends to start at the address the previous one did. Decode graphs were keyed on
+// that address alone, so the longer prompt's graph replayed against the shorter prompt's cache and
+// wrote its later layers at the old stride, past the cache's end: on qwen3moe-tiny (bf16) into the
+// step's metadata, an illegal address (session 26). Every logit must equal the eager run's.
+TEST_F(CudaGraphTest, DecodeIntoCachesOfOtherSizesEqualsEager) {
+  for (const char* fixture : {"gpt-oss-tiny", "qwen3moe-tiny"}) {
+    auto graphs = load_tiny(false, ComputeDtype::Auto, fixture), eager = load_tiny(true, ComputeDtype::Auto, fixture);
+    const int32_t vocab = int32_t(graphs->config().vocab_size);
+    for (const int64_t length : {150, 40, 150, 9}) {
+      const auto prompt = prompt_of(length, vocab, uint32_t(length));
+      const auto with_graphs = prompt_logits(*graphs, prompt, 1);
+      const auto without = prompt_logits(*eager, prompt, 1);
+      ASSERT_EQ(with_graphs.size(), without.size());
+      EXPECT_EQ(std::memcmp(with_graphs.data(), without.data(), without.size() * sizeof(float)), 0)
+          << fixture << ", prompt of " << length;
+    }
+  }
 }
 
 // Several requests of different lengths through the batching engine: the decode batch shrinks

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "backend/kv_storage.h"
 #include "engine/kv_cache.h"
 #include "engine/sampler.h"
 
@@ -50,6 +51,25 @@ TEST(KvCache, GrowFailsWithoutChangingAnything) {
   EXPECT_FALSE(cache.grow(seq, 9));
   EXPECT_EQ(seq.block_tables[0].size(), 2u);
   EXPECT_EQ(cache.free_blocks(0), 0);
+}
+
+// A decode graph keyed on the first layer's address alone replayed against a smaller cache
+// allocated at that address, writing later layers at the old stride past its end (session 26's
+// qwen3moe-tiny crash): the layout a graph is keyed on must tell caches of other sizes apart.
+TEST(KvStorage, DeviceLayoutTellsCachesOfOtherSizesApart) {
+  KvGroupShape shape;
+  shape.num_layers = 2;
+  shape.num_blocks = 8;
+  shape.kv_heads = 1;
+  shape.head_dim = 4;
+  const KvGroupStorage big(shape);
+  const KvGroupStorage same(shape);
+  shape.num_blocks = 3;
+  const KvGroupStorage small(shape);
+  // Host caches have no device buffers, so the bases are equal (null) in all three, as a
+  // reallocated device cache's often are.
+  EXPECT_EQ(big.device_layout(), same.device_layout());
+  EXPECT_NE(big.device_layout(), small.device_layout());
 }
 
 TEST(Sampler, GreedyPicksLowestIndexOfTheMaximum) {
