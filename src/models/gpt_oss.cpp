@@ -253,9 +253,11 @@ class GptOss : public Model {
 
     cuda::embedding_bf16(g.embed_tokens, run.step.tokens, rows, hidden, x, stream);
     run.marks.record("embedding");
-    // In bf16 mode each layer's input norm (h) is made by the previous layer's MoE combine; the
-    // first layer's here.
+    // In bf16 mode each layer's input norm (h) is made by the previous layer's MoE combine, or
+    // where the MoE left it (batch 1: its sum is made inside down, with no combine) by the qkv
+    // product itself; the first layer's here.
     if (!exact) cuda::rms_norm_to_bf16(x, rows, hidden, g.layers[0].input_norm, eps, h, stream);
+    bool h_is_input_norm = true;
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const GptOssCudaLayer& layer = g.layers[size_t(l)];
       const int group = kv_layout_.layer_group[size_t(l)];
@@ -264,8 +266,11 @@ class GptOss : public Model {
       if (exact) {
         cuda::rms_norm_f32(x, rows, hidden, layer.input_norm, eps, h_f32, stream);
         cuda::linear_f32_input(layer.qkv_proj, layer.qkv_bias, h_f32, rows, qkv_width, hidden, qkv, stream);
-      } else {
+      } else if (h_is_input_norm) {
         cuda::linear(layer.qkv_proj, layer.qkv_bias, h, rows, qkv_width, hidden, qkv, stream);
+      } else {
+        cuda::linear_normed(layer.qkv_proj, layer.qkv_bias, x, layer.input_norm, eps, h, rows, qkv_width, hidden, qkv,
+                            stream);
       }
       run.marks.record("norm + qkv");
       cuda::AttentionShape shape;
@@ -316,9 +321,11 @@ class GptOss : public Model {
       } else {
         // The experts are picked inside the MoE call (with its routing at decode), and the combine
         // also makes the next layer's input norm into h (which the experts are done with).
-        cuda::NextNorm next{l + 1 < c.num_layers ? g.layers[size_t(l + 1)].input_norm : nullptr, eps, h};
-        cuda::moe_quantized_from_logits(layer.experts, h, rows, int(top_k), router_logits, expert_ids, expert_weights, x,
-                                        moe_workspace, moe_bytes, stream, l + 1 < c.num_layers ? &next : nullptr);
+        const bool last_layer = l + 1 == c.num_layers;
+        cuda::NextNorm next{last_layer ? nullptr : g.layers[size_t(l + 1)].input_norm, eps, last_layer ? nullptr : h};
+        next.may_defer = true;
+        h_is_input_norm = cuda::moe_quantized_from_logits(layer.experts, h, rows, int(top_k), router_logits, expert_ids,
+                                                          expert_weights, x, moe_workspace, moe_bytes, stream, &next);
       }
       run.marks.record(exact ? "experts" : "top-k + experts");
     }

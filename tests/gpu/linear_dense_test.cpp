@@ -301,6 +301,54 @@ TEST(CudaLinearBf16, BulkGemvEqualsTheRegisterRingBitForBit) {
   }
 }
 
+// linear_normed at one token: each bulk-GEMV block makes the bf16 RMSNorm of the float32 row
+// itself (no scratch is passed, so the call fails unless that path ran). Against the norm kernel
+// followed by the same product: the sum of squares goes in another order, so a rare bf16 of the
+// norm may round the other way; the products must agree to well under a bf16 step. Rows past
+// kNormMaxIn, and a GPU without the bulk kernel, take the two kernels (bit for bit).
+TEST(CudaLinearBf16, NormedTokenMatchesTheNormKernelThenTheProduct) {
+  ANVIL_REQUIRE_GPU();
+  struct Shape {
+    int64_t out, in;
+  };
+  uint64_t seed = 900;
+  for (const Shape& c : {Shape{5120, 2880}, Shape{2880, 4096}, Shape{1000, 1032}, Shape{24, 40}, Shape{64, 8192}}) {
+    SCOPED_TRACE("out=" + std::to_string(c.out) + " in=" + std::to_string(c.in));
+    Rng rng(seed++);
+    const auto weight = random_bf16(size_t(c.out * c.in), rng, 1.0f / std::sqrt(float(c.in)));
+    std::vector<float> x(size_t(c.in)), norm_weight(size_t(c.in)), bias(size_t(c.out));
+    for (auto& v : x) v = rng.uniform() * 30.0f;
+    for (auto& v : norm_weight) v = 0.5f + rng.uniform();
+    for (auto& v : bias) v = rng.uniform();
+    const auto d_weight = to_device(weight), d_x = to_device(x), d_norm = to_device(norm_weight), d_bias = to_device(bias);
+    cuda::DenseWeight dw;
+    dw.data = d_weight.get();
+    dw.streams_early = true;
+    const float eps = 1e-5f;
+    cuda::DeviceBuffer scratch(size_t(c.in) * 2);
+    cuda::DeviceBuffer d_two(size_t(c.out) * 4), d_normed(size_t(c.out) * 4);
+    cuda::rms_norm_to_bf16(d_x.get<float>(), 1, c.in, d_norm.get<float>(), eps, scratch.get<uint16_t>(), nullptr);
+    cuda::linear(dw, d_bias.get<float>(), scratch.get<uint16_t>(), 1, c.out, c.in, d_two.get<float>(), nullptr);
+    const auto two = test::to_host<float>(d_two, size_t(c.out));
+    const bool fused = c.in <= 4096 && cuda::bulk_gemv_runs(c.out, c.in);
+    cuda::linear_normed(dw, d_bias.get<float>(), d_x.get<float>(), d_norm.get<float>(), eps,
+                        fused ? nullptr : scratch.get<uint16_t>(), 1, c.out, c.in, d_normed.get<float>(), nullptr);
+    const auto normed = test::to_host<float>(d_normed, size_t(c.out));
+    if (!fused) {
+      EXPECT_EQ(std::memcmp(normed.data(), two.data(), two.size() * 4), 0);
+      continue;
+    }
+    double err = 0, norm = 0, worst = 0;
+    for (size_t o = 0; o < two.size(); ++o) {
+      err += (normed[o] - two[o]) * double(normed[o] - two[o]);
+      norm += double(two[o]) * two[o];
+      worst = std::max(worst, double(std::fabs(normed[o] - two[o])));
+    }
+    EXPECT_LT(std::sqrt(err / norm), 1e-4);
+    EXPECT_LT(worst, 2e-2);
+  }
+}
+
 // cuBLASLt itself, called directly: the bias epilogue, accumulation into y (beta = 1, as
 // linear_add uses it for the residual), and shapes with no bias.
 TEST(CudaCublasLt, AccumulatesAndAddsBias) {

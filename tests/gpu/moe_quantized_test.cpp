@@ -628,6 +628,63 @@ TEST(CudaMoe, FromLogitsEqualsTopkThenExperts) {
   }
 }
 
+// Batch 1 with NextNorm::may_defer (MXFP4, four picks): down adds the experts' sum into the
+// residual itself and no combine runs, so no norm is made (the call says so). The residual must be
+// the combine path's bit for bit: the kernel takes each expert's value from its own column of the
+// mma and adds them in the combine's order. Ties in the logits (coarse values), a part chunk of k
+// (intermediate 192 and 320), scales above 128, rows past a warp's four (hidden 32 x 3).
+TEST(CudaMoe, SumInDownEqualsTheCombine) {
+  ANVIL_REQUIRE_GPU();
+  if (!cuda::current_device_runs(cuda::kMoeBatch1SumOp, cuda::kMoeBatch1SumInDown))
+    GTEST_SKIP() << "this GPU's kernel-table row keeps the combine kernel";
+  Rng rng(91);
+  struct Case {
+    Shape shape;
+    Scaling scaling;
+  };
+  for (const Case& c : {Case{Shape{32, 256, 384, 4}, Scaling::Mxfp4}, Case{Shape{8, 320, 192, 4}, Scaling::Mxfp4},
+                        Case{Shape{128, 512, 320, 4}, Scaling::Mxfp4}, Case{Shape{16, 96, 128, 4}, Scaling::Mxfp4Big},
+                        Case{Shape{4, 2880, 2880, 4}, Scaling::Mxfp4}}) {
+    const Shape& shape = c.shape;
+    const Experts ex(shape, rng, c.scaling);
+    const auto weights = ex.device();
+    std::vector<float> norm_weight(size_t(shape.hidden));
+    for (auto& v : norm_weight) v = 0.5f + rng.uniform();
+    const auto d_norm = to_device(norm_weight);
+    for (int trial = 0; trial < 4; ++trial) {
+      SCOPED_TRACE("E=" + std::to_string(shape.experts) + " H=" + std::to_string(shape.hidden) +
+                   " I=" + std::to_string(shape.intermediate) + " trial " + std::to_string(trial));
+      std::vector<float> logits(size_t(shape.experts));
+      for (auto& v : logits) v = std::round(8.0f * rng.uniform()) / 4.0f;
+      std::vector<uint16_t> h(size_t(shape.hidden));
+      for (auto& v : h) v = f32_to_bf16(rng.uniform() * (trial + 1));
+      std::vector<float> residual(size_t(shape.hidden));
+      for (auto& v : residual) v = rng.uniform();
+      auto d_logits = to_device(logits), d_h = to_device(h);
+      const size_t ws_bytes = cuda::moe_quantized_workspace_bytes(1, shape.k, shape.experts, shape.hidden, shape.intermediate);
+      cuda::DeviceBuffer workspace(ws_bytes), d_ids(size_t(shape.k) * 4), d_w(size_t(shape.k) * 4);
+      cuda::DeviceBuffer d_next(size_t(shape.hidden) * 2);
+      std::vector<float> out[2];
+      bool normed[2] = {};
+      for (int defer = 0; defer < 2; ++defer) {
+        cuda::memset_device(workspace.get(), 0xff, ws_bytes);
+        auto d_residual = to_device(residual);
+        cuda::NextNorm next{d_norm.get<float>(), 1e-5f, d_next.get<uint16_t>()};
+        next.may_defer = defer == 1;
+        normed[defer] = cuda::moe_quantized_from_logits(weights, d_h.get<uint16_t>(), 1, shape.k, d_logits.get<float>(),
+                                                        d_ids.get<int32_t>(), d_w.get<float>(), d_residual.get<float>(),
+                                                        workspace.get(), ws_bytes, nullptr, &next);
+        out[defer] = to_host<float>(d_residual, residual.size());
+      }
+      EXPECT_TRUE(normed[0]);
+      EXPECT_FALSE(normed[1]) << "the sum in down did not run";
+      int64_t differ = 0;
+      for (size_t i = 0; i < out[0].size(); ++i) differ += std::memcmp(&out[0][i], &out[1][i], 4) != 0 ? 1 : 0;
+      EXPECT_EQ(differ, 0) << "first values " << out[0][0] << " vs " << out[1][0];
+    }
+  }
+}
+
 TEST(CudaMoe, GptOss20bShapesWithSpeed) { time_gpt_oss_20b_shapes(Scaling::Mxfp4, 23, {1, 8, 64, 2048}); }
 
 // NVFP4 experts through both paths, with E4M3 block scales (subnormal and zero ones included) and

@@ -31,5 +31,17 @@ TEST(KernelTable, BulkCopyGemvOnlyOnTheMeasuredRow) {
   }
 }
 
+// Batch 1's MoE sum inside down: only where it was measured (an SM90 card), never picked for a
+// row whose shared memory holds fewer of its blocks.
+TEST(KernelTable, MoeSumInDownOnlyOnTheMeasuredRow) {
+  if (!cuda::compiled_in()) return;
+  for (const auto& row : cuda::kernel_table()) {
+    SCOPED_TRACE(std::to_string(row.major) + "." + std::to_string(row.minor));
+    const std::string sum = family_of(row, cuda::kMoeBatch1SumOp);
+    EXPECT_FALSE(sum.empty()) << "no batch-1 MoE sum named";
+    EXPECT_EQ(sum == cuda::kMoeBatch1SumInDown, row.major == 9 && row.minor == 0);
+  }
+}
+
 }  // namespace
 }  // namespace anvil

@@ -14,6 +14,8 @@
 // products (W as the 16-row A operand, the token as B column 0), warp w taking 64-byte chunks
 // w, w + 8, w + 16, ... of every row in that order, the warps' sums added in warp order, then the
 // bias (and the old value of y when accumulating).
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "backend/cuda/bulk_copy.cuh"
@@ -33,6 +35,18 @@ constexpr int kBulkMaxIn = 8192;  // the token is staged in shared memory whole
 constexpr int kBulkMaxStages = 8;
 constexpr int kBulkBlocksPerSm = 3;  // the launch bound; the launcher keeps grids within one wave
 
+// The token as the bf16 RMSNorm of a float32 row instead (linear_normed): every block makes it
+// from the row itself, which saves the norm's own kernel where nothing else makes it (the MoE's
+// sum in down at batch 1 leaves the next layer's input norm to its qkv product). Values as
+// rms_norm_kernel's: bf16(x · inv · weight), the sum of squares in another order.
+struct GemvNorm {
+  const float* x = nullptr;  // [in]; null: the token is the bf16 x
+  const float* weight = nullptr;
+  float eps = 0.0f;
+};
+constexpr int kNormMaxIn = 4096;
+constexpr int kNormPerThread = kNormMaxIn / (kBulkWarps * 32 * 4);  // float4s of the row per thread
+
 // Shared memory of one block: the ring, the token, the warps' partial sums and the barriers.
 inline size_t bulk_smem_bytes(int stages, int in) {
   return size_t(stages) * kStageBytes + size_t(in) * 2 + size_t(kBulkWarps) * 32 * sizeof(float2) +
@@ -44,7 +58,7 @@ inline size_t bulk_smem_bytes(int stages, int in) {
 __global__ void __launch_bounds__(kBulkWarps * 32, kBulkBlocksPerSm)
     gemv_bulk_kernel(const uint16_t* __restrict__ weight, const float* __restrict__ bias,
                      const uint16_t* __restrict__ x, int out, int in, float* __restrict__ y, bool accumulate,
-                     int stages) {
+                     int stages, GemvNorm norm) {
   using gemm::mma_bf16_16816;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* const ring = smem;
@@ -78,13 +92,53 @@ __global__ void __launch_bounds__(kBulkWarps * 32, kBulkBlocksPerSm)
   // right after it. Each was a round trip at the end of the chain's product otherwise.
   const bool epilogue_thread = threadIdx.x < kBulkRows && row0 + threadIdx.x < out;
   const float row_bias = epilogue_thread && bias != nullptr ? bias[row0 + threadIdx.x] : 0.0f;
+  // The norm's weights likewise (constant).
+  float4 norm_weight[kNormPerThread];
+  if (norm.x != nullptr) {
+#pragma unroll
+    for (int j = 0; j < kNormPerThread; ++j) {
+      const int k = (threadIdx.x + j * kBulkWarps * 32) * 4;
+      norm_weight[j] = k < in ? __ldg(reinterpret_cast<const float4*>(norm.weight + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
 
   wait_for_predecessor();
   release_dependents();
   const float old_y = epilogue_thread && accumulate ? y[row0 + threadIdx.x] : 0.0f;
   // The token, through L2: this SM's L1 may hold an earlier kernel's values at these addresses.
-  for (int k = threadIdx.x * 8; k < in; k += blockDim.x * 8)
-    *reinterpret_cast<uint4*>(x_s + k) = __ldcg(reinterpret_cast<const uint4*>(x + k));
+  if (norm.x == nullptr) {
+    for (int k = threadIdx.x * 8; k < in; k += blockDim.x * 8)
+      *reinterpret_cast<uint4*>(x_s + k) = __ldcg(reinterpret_cast<const uint4*>(x + k));
+  } else {
+    float4 v[kNormPerThread];
+    float squares = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNormPerThread; ++j) {
+      const int k = (threadIdx.x + j * kBulkWarps * 32) * 4;
+      v[j] = k < in ? __ldcg(reinterpret_cast<const float4*>(norm.x + k)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kNormPerThread; ++j)
+      squares += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+    if (lane == 0) partial[warp * 32].x = squares;  // free until the product's end
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kBulkWarps; ++w) total += partial[w * 32].x;
+    const float inverse = rsqrtf(total / float(in) + norm.eps);
+#pragma unroll
+    for (int j = 0; j < kNormPerThread; ++j) {
+      const int k = (threadIdx.x + j * kBulkWarps * 32) * 4;
+      if (k >= in) continue;
+      const float4 w = norm_weight[j];
+      const uint32_t lo = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(v[j].x * inverse * w.x))) |
+                          uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(v[j].y * inverse * w.y))) << 16;
+      const uint32_t hi = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(v[j].z * inverse * w.z))) |
+                          uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(v[j].w * inverse * w.w))) << 16;
+      *reinterpret_cast<uint2*>(x_s + k) = make_uint2(lo, hi);
+    }
+  }
   __syncthreads();  // the token, and the barriers' initialization, for every thread
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};

@@ -507,14 +507,14 @@ BulkGemvPlan plan_bulk_gemv(int64_t blocks, int in) {
 std::atomic<uint64_t> bulk_gemv_launches{0};
 
 void launch_bulk_gemv(const void* weight, const float* bias, const uint16_t* x, int out, int in, float* y,
-                      bool accumulate, cudaStream_t stream) {
+                      bool accumulate, cudaStream_t stream, const gemv::GemvNorm& norm = {}) {
   bulk_gemv_launches.fetch_add(1, std::memory_order_relaxed);
   const int64_t blocks = ceil_div(out, gemv::kBulkRows);
   const BulkGemvPlan plan = plan_bulk_gemv(blocks, in);
   allow_smem<gemv::gemv_bulk_kernel>(plan.grant);
   launch_chained(gemv::gemv_bulk_kernel, unsigned(blocks), gemv::kBulkWarps * 32,
                  gemv::bulk_smem_bytes(plan.stages, in), stream, static_cast<const uint16_t*>(weight), bias, x, out, in,
-                 y, accumulate, plan.stages);
+                 y, accumulate, plan.stages, norm);
   ANVIL_CUDA_LAUNCHED();
 }
 
@@ -673,6 +673,19 @@ void linear(const DenseWeight& weight, const float* bias, const uint16_t* x, int
 void linear_add(const DenseWeight& weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
                 int64_t in_features, float* y, Stream stream) {
   linear_impl("linear_add", dense_weights(weight), bias, x, m, out_features, in_features, y, true, stream);
+}
+
+void linear_normed(const DenseWeight& weight, const float* bias, const float* x, const float* norm_weight, float eps,
+                   uint16_t* scratch, int64_t m, int64_t out_features, int64_t in_features, float* y, Stream stream) {
+  const Weights w = dense_weights(weight);
+  const auto* x_bits = reinterpret_cast<const uint16_t*>(x);  // only its alignment is looked at
+  if (m == 1 && in_features <= gemv::kNormMaxIn && out_features <= INT32_MAX && norm_weight != nullptr &&
+      reinterpret_cast<uintptr_t>(norm_weight) % 16 == 0 && takes_bulk_gemv(1, out_features, in_features, w, x_bits))
+    return launch_bulk_gemv(w.data, bias, nullptr, int(out_features), int(in_features), y, false, as_stream(stream),
+                            gemv::GemvNorm{x, norm_weight, eps});
+  if (scratch == nullptr) invalid("linear_normed: null scratch");
+  rms_norm_to_bf16(x, m, in_features, norm_weight, eps, scratch, stream);
+  linear(weight, bias, scratch, m, out_features, in_features, y, stream);
 }
 
 void linear_silu_mul(const DenseWeight& gate_up, const uint16_t* x, int64_t m, int64_t width, int64_t in_features,

@@ -49,6 +49,51 @@ inline size_t f16_decode_smem(int k, int split) {
 // 2^(s - 127) for an E8M0 byte s (0 is 2^-127, a float subnormal).
 __device__ __forceinline__ float e8m0_float(uint32_t s) { return __uint_as_float(s == 0 ? 0x00400000u : s << 23); }
 
+// A chunk's scale word (4 E8M0 bytes, block 4c + w in byte w) as the four floats.
+__device__ __forceinline__ float4 e8m0_word_floats(uint32_t s) {
+  return make_float4(e8m0_float(s & 0xFFu), e8m0_float((s >> 8) & 0xFFu), e8m0_float((s >> 16) & 0xFFu),
+                     e8m0_float(s >> 24));
+}
+
+// 8 bf16 token values as fp16, each times `factor` (a power of two).
+__device__ __forceinline__ uint4 bf16x8_to_scaled_f16(uint4 v, float factor) {
+  uint32_t* words = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __half2 h = __floats2half2_rn(__uint_as_float(words[j] << 16) * factor,
+                                        __uint_as_float(words[j] & 0xFFFF0000u) * factor);
+    words[j] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return v;
+}
+
+// One ring stage of a lane (ring_lane: its slot of stage 0; stages 2 x 32 x 16 bytes apart): its 16
+// bytes of chunk c of rows a and b, as one cp.async group. Not ok: zero fills that touch no memory
+// (`mapped` is any mapped address).
+__device__ __forceinline__ void f16_ring_issue(uint32_t ring_lane, int stage, const uint8_t* wa, const uint8_t* wb,
+                                               int c, bool ok, const void* mapped) {
+  const uint32_t dst = ring_lane + uint32_t(stage * 2 * 32 * 16);
+  gemm::cp_async_16(dst, ok ? wa + int64_t(c) * 64 : mapped, ok);
+  gemm::cp_async_16(dst + 32 * 16, ok ? wb + int64_t(c) * 64 : mapped, ok);
+  gemm::cp_async_commit();
+}
+
+// The two mma steps of each of a chunk's 4 blocks w (weights a4 / b4 of rows g and g + 8, token
+// pieces xt[4 w]), each block's d handed to take(w, d) for its scale.
+template <typename Take>
+__device__ __forceinline__ void f16_chunk_mmas(const uint4& a4, const uint4& b4, const uint4* xt, Take&& take) {
+  using namespace mxfp4;
+  const uint32_t wa4[4] = {a4.x, a4.y, a4.z, a4.w}, wb4[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint4 xv = xt[4 * w];
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    gemm::mma_f16_16816(d, f16_pair_a(wa4[w]), f16_pair_a(wb4[w]), f16_pair_b(wa4[w]), f16_pair_b(wb4[w]), xv.x, xv.y);
+    gemm::mma_f16_16816(d, f16_pair_c(wa4[w]), f16_pair_c(wb4[w]), f16_pair_d(wa4[w]), f16_pair_d(wb4[w]), xv.z, xv.w);
+    take(w, d);
+  }
+}
+
 template <int kSplitK, bool kGateUp>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
     moe_decode_f16_kernel(ExpertProduct p, Routing r) {
@@ -109,17 +154,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
     // [2^14, 2^15). Capped where 2^shift stays a float (a part all below 2^-112 is ~0 anyway).
     const int shift = min(141 - int(largest >> 7), 127);
     const float factor = ldexpf(1.0f, shift);
-    for (int i = lane; i < part_words; i += 32) {
-      uint4 v = warp_token[i];
-      uint32_t* words = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const __half2 h = __floats2half2_rn(__uint_as_float(words[j] << 16) * factor,
-                                            __uint_as_float(words[j] & 0xFFFF0000u) * factor);
-        words[j] = *reinterpret_cast<const uint32_t*>(&h);
-      }
-      warp_token[i] = v;
-    }
+    for (int i = lane; i < part_words; i += 32) warp_token[i] = bf16x8_to_scaled_f16(warp_token[i], factor);
     __syncwarp();
     return shift;
   };
@@ -144,14 +179,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   const uint32_t ring_lane = smem_u32(&ring[warp][0][0][lane]);
   // Chunk i of this warp is c = kpart + i * kSplitK, into ring stage `stage`; past the end the
   // copies are zero fills that touch no memory.
-  auto issue = [&](int i, int stage) {
-    const int c = kpart + i * kSplitK;
-    const bool ok = i < my_chunks;
-    const uint32_t dst = ring_lane + uint32_t(stage * 2 * 32 * 16);
-    cp_async_16(dst, ok ? wa + int64_t(c) * 64 : p.blocks, ok);
-    cp_async_16(dst + 32 * 16, ok ? wb + int64_t(c) * 64 : p.blocks, ok);
-    cp_async_commit();
-  };
+  auto issue = [&](int i, int stage) { f16_ring_issue(ring_lane, stage, wa, wb, kpart + i * kSplitK, i < my_chunks, p.blocks); };
   for (int j = 0; j < kStages - 1; ++j) issue(j, j);
   // The loads of a batch are all issued before the first is used: they come from DRAM, and one
   // round trip per load in turn cost microseconds in the whole model's chain.
@@ -169,9 +197,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
       for (int j = 0; j < kBatch; ++j) {
         const int i = first + 32 * j;
         if (i < part_words)
-          *reinterpret_cast<float4*>(warp_scales + ((i % 16) * warp_chunks + i / 16) * 4) =
-              make_float4(e8m0_float(s[j] & 0xFFu), e8m0_float((s[j] >> 8) & 0xFFu),
-                          e8m0_float((s[j] >> 16) & 0xFFu), e8m0_float(s[j] >> 24));
+          *reinterpret_cast<float4*>(warp_scales + ((i % 16) * warp_chunks + i / 16) * 4) = e8m0_word_floats(s[j]);
       }
     }
   }
@@ -201,23 +227,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
     auto chunk = [&](int i, int stage) {
       issue(i + kStages - 1, (stage + kStages - 1) % kStages);
       cp_async_wait<kStages - 1>();
-      const uint4 a4 = ring[warp][stage][0][lane], b4 = ring[warp][stage][1][lane];
       const float4 fa = *reinterpret_cast<const float4*>(sa + 4 * i);
       const float4 fb = *reinterpret_cast<const float4*>(sb + 4 * i);
-      const uint32_t wa4[4] = {a4.x, a4.y, a4.z, a4.w}, wb4[4] = {b4.x, b4.y, b4.z, b4.w};
       const float sca[4] = {fa.x, fa.y, fa.z, fa.w}, scb[4] = {fb.x, fb.y, fb.z, fb.w};
       // Word w is block 4c + w; the token's k 32(4c + w) + 8t .. + 7 is piece 4w + t of the chunk.
-      const uint4* xt = warp_token + i * 16 + t;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint4 xv = xt[4 * w];
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_f16_16816(d, f16_pair_a(wa4[w]), f16_pair_a(wb4[w]), f16_pair_b(wa4[w]), f16_pair_b(wb4[w]), xv.x, xv.y);
-        mma_f16_16816(d, f16_pair_c(wa4[w]), f16_pair_c(wb4[w]), f16_pair_d(wa4[w]), f16_pair_d(wb4[w]), xv.z, xv.w);
-        // Every column is this token (all lanes loaded it): d[0] row g, d[2] row g + 8.
-        acc[w % 2][0] = fmaf(sca[w], d[0], acc[w % 2][0]);
-        acc[w % 2][1] = fmaf(scb[w], d[2], acc[w % 2][1]);
-      }
+      f16_chunk_mmas(ring[warp][stage][0][lane], ring[warp][stage][1][lane], warp_token + i * 16 + t,
+                     [&](int w, const float (&d)[4]) {
+                       // Every column is this token (all lanes loaded it): d[0] row g, d[2] row g + 8.
+                       acc[w % 2][0] = fmaf(sca[w], d[0], acc[w % 2][0]);
+                       acc[w % 2][1] = fmaf(scb[w], d[2], acc[w % 2][1]);
+                     });
     };
     // Unrolled by the ring's depth, so every stage index is a constant.
     for (int i = 0; i < my_chunks; i += kStages) {

@@ -21,6 +21,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe_decode.cuh"
 #include "backend/cuda/moe_decode_f16.cuh"
+#include "backend/cuda/moe_down_sum_f16.cuh"
 #include "backend/cuda/moe_gemm.cuh"
 #include "backend/cuda/moe_common.cuh"
 #include "backend/cuda/moe_picks.cuh"
@@ -421,6 +422,30 @@ void launch_decode_f16(const ExpertProduct& p, const Routing& r, int active_boun
   }
 }
 
+template <int kSplitK>
+void launch_down_sum_split(const ExpertProduct& p, const Routing& r, const DownSum& sum, cudaStream_t stream) {
+  constexpr auto kernel = moe_down_sum_f16_kernel<kSplitK>;
+  constexpr size_t kStatic = size_t(kSumWarps) * kF16Stages * 2 * 32 * 16;
+  const size_t smem = down_sum_smem(p.k, kSplitK);
+  if (smem + kStatic > 48 * 1024) {
+    if (smem > 160 * 1024) invalid("moe_quantized: intermediate too large for the decode path");
+    ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  }
+  const unsigned blocks = unsigned(ceil_div(p.n, kSumRows * kSumWarps / kSplitK));
+  launch_chained(kernel, blocks, kSumWarps * 32, smem, stream, p, r, sum);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+// The k split as the other decode grids choose it: a warp here streams 16 rows (4 of each of the
+// 4 experts), as many as a moe_decode_f16_kernel warp of one expert does.
+void launch_down_sum(const ExpertProduct& p, const Routing& r, const DownSum& sum, cudaStream_t stream) {
+  switch (decode_split(p, kSumExperts, kSumWarpsPerSm)) {
+    case 1: return launch_down_sum_split<1>(p, r, sum, stream);
+    case 2: return launch_down_sum_split<2>(p, r, sum, stream);
+    default: return launch_down_sum_split<4>(p, r, sum, stream);
+  }
+}
+
 template <bool kGateUp, Kind kKind>
 void launch_decode_tokens(int64_t m, int64_t experts, const ExpertProduct& p, const Routing& r, int active_bound,
                           cudaStream_t stream) {
@@ -508,7 +533,7 @@ namespace {
 
 // router_logits null: ids and route_weights are the caller's routing, only read. Otherwise they
 // are written here first (moe_quantized_from_logits).
-void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k, const float* router_logits,
+bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k, const float* router_logits,
                         int32_t* ids, float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
                         Stream stream, const NextNorm* next_norm) {
   const int64_t E = w.num_experts, H = w.hidden, I = w.intermediate;
@@ -516,7 +541,7 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   if (H < 32 || I < 32 || H % 32 != 0 || I % 32 != 0) invalid("moe_quantized: hidden and intermediate must be multiples of 32");
   if (k < 1 || k > E || k > 32) invalid("moe_quantized: k must be in 1..min(32, experts)");
   if (m < 0) invalid("moe_quantized: negative rows");
-  if (m == 0) return;
+  if (m == 0) return false;
   if (m * k > INT32_MAX / 2 || 2 * I * E > INT32_MAX || H * E > INT32_MAX) invalid("moe_quantized: shape too large");
   const bool block_scaled = w.format == ExpertFormat::MXFP4 || w.format == ExpertFormat::NVFP4;
   const bool row_scaled = w.format == ExpertFormat::NVFP4 || w.format == ExpertFormat::FP8;
@@ -613,6 +638,18 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
       launch_decode_tokens<false, kKind>(m, E, down, r, active_bound, s);
     }
   };
+  // Batch 1 of MXFP4 experts, four per token, picked here (so four distinct valid experts: the
+  // kernel takes one token per active expert), where the caller can make the next norm itself:
+  // down adds the experts' sum into the residual (moe_down_sum_f16.cuh) and no combine runs.
+  const bool sum_in_down = !use_gemm && m == 1 && k == kSumExperts && w.format == ExpertFormat::MXFP4 &&
+                           router_logits != nullptr && next_norm != nullptr && next_norm->may_defer &&
+                           current_device_runs(kMoeBatch1SumOp, kMoeBatch1SumInDown);
+  if (sum_in_down) {
+    gate_up.a = h;
+    launch_decode_tokens<true, Kind::Mxfp4>(m, E, gate_up, r, kSumExperts, s);
+    launch_down_sum(down, r, DownSum{residual, route_weights, ids, int(E)}, s);
+    return false;
+  }
   switch (w.format) {
     case ExpertFormat::MXFP4: products(std::integral_constant<Kind, Kind::Mxfp4>{}); break;
     case ExpertFormat::NVFP4: products(std::integral_constant<Kind, Kind::Nvfp4>{}); break;
@@ -628,6 +665,7 @@ void moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
                  residual, norm ? next_norm->weight : nullptr, norm ? next_norm->eps : 0.0f,
                  norm ? next_norm->out : nullptr);
   ANVIL_CUDA_LAUNCHED();
+  return norm;
 }
 
 }  // namespace
@@ -651,11 +689,11 @@ void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int 
                      workspace, workspace_bytes, stream, next_norm);
 }
 
-void moe_quantized_from_logits(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k,
+bool moe_quantized_from_logits(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k,
                                const float* router_logits, int32_t* ids, float* route_weights, float* residual,
                                void* workspace, size_t workspace_bytes, Stream stream, const NextNorm* next_norm) {
   if (router_logits == nullptr) invalid("moe_quantized_from_logits: null router_logits");
-  moe_quantized_impl(w, h, m, k, router_logits, ids, route_weights, residual, workspace, workspace_bytes, stream,
+  return moe_quantized_impl(w, h, m, k, router_logits, ids, route_weights, residual, workspace, workspace_bytes, stream,
                      next_norm);
 }
 

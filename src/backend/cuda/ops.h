@@ -46,6 +46,12 @@ void linear(const DenseWeight& weight, const float* bias, const uint16_t* x, int
             int64_t in_features, float* y, Stream stream);
 void linear_add(const DenseWeight& weight, const float* bias, const uint16_t* x, int64_t m, int64_t out_features,
                 int64_t in_features, float* y, Stream stream);
+// linear of the bf16 RMSNorm of float32 x [m, in] (rms_norm_to_bf16's values, up to the order of
+// the sum of squares). At one row on the bulk GEMV each block makes the norm itself from x: no
+// norm kernel. Otherwise rms_norm_to_bf16 into scratch (bf16 [m, in]), then linear.
+void linear_normed(const DenseWeight& weight, const float* bias, const float* x, const float* norm_weight, float eps,
+                   uint16_t* scratch, int64_t m, int64_t out_features, int64_t in_features, float* y, Stream stream);
+
 // Whether a one-token bf16 product of that shape (16-byte aligned weight and token, a weight that
 // streams_early) runs on the bulk-copy GEMV (gemv_bulk.cuh) on the current device: where its
 // kernel-table row has it and allow_bulk_copy_kernels has not turned it off.
@@ -213,6 +219,10 @@ struct NextNorm {
   const float* weight = nullptr;  // [H]
   float eps = 0.0f;
   uint16_t* out = nullptr;  // bf16 [m, H]
+  // The caller can make the norm itself (linear_normed): moe_quantized_from_logits may then skip it
+  // where that saves a kernel (batch 1 of MXFP4 experts, four per token: down adds the experts'
+  // sum into the residual itself, and no combine runs). Its return value says which happened.
+  bool may_defer = false;
 };
 
 // residual[r] += Σ_j weights[r, j] · expert_{ids[r, j]}(h[r]) for r < m, where
@@ -225,7 +235,9 @@ void moe_quantized(const QuantizedExperts& weights, const uint16_t* h, int64_t m
 // moe_quantized that first picks the experts from router_logits [m, E] (top-k, then softmax over
 // the k, exactly as moe_topk_softmax), writing ids and route_weights [m, k] for the caller. At
 // small m the picking runs inside the routing kernel: one kernel fewer per layer at decode.
-void moe_quantized_from_logits(const QuantizedExperts& weights, const uint16_t* h, int64_t m, int k,
+// Returns whether next_norm->out was written (see NextNorm::may_defer); the residual is the same
+// either way, bit for bit.
+bool moe_quantized_from_logits(const QuantizedExperts& weights, const uint16_t* h, int64_t m, int k,
                                const float* router_logits, int32_t* ids, float* route_weights, float* residual,
                                void* workspace, size_t workspace_bytes, Stream stream,
                                const NextNorm* next_norm = nullptr);

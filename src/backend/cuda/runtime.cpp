@@ -94,7 +94,9 @@ constexpr const char* kLaunchChained = "programmatic dependent launch (griddepco
 
 // bulk_copy: the batch-1 GEMV through the bulk copy engine (cp.async.bulk, compute capability 9.0
 // and later), measured on an H200 only so far; the other rows keep the register ring.
-std::vector<OpKernel> portable_ops(bool chained_launch, bool bulk_copy = false) {
+// sum_in_down: batch 1's MoE sum inside down, measured on an H100 only (docs/perf/gpu.md, session
+// 27); SM120 and Ada hold one of its 60 KB blocks per SM, a third of what it was measured with.
+std::vector<OpKernel> portable_ops(bool chained_launch, bool bulk_copy = false, bool sum_in_down = false) {
   return {
       {"linear",
        "vectorized mma.sync GEMV (decode) and m16n8k16 GEMM; bf16 products of >= 32 rows through cuBLASLt when "
@@ -104,6 +106,7 @@ std::vector<OpKernel> portable_ops(bool chained_launch, bool bulk_copy = false) 
        "mma.sync W4A16 / W8A16 grouped GEMM and decode; MXFP4, NVFP4 or FP8 experts dequantized in registers "
        "(MXFP4 at batch 1: fp16 mma on the codes, block scales on the fp32 results); bf16 experts through the grouped "
        "GEMM for long prompts"},
+      {kMoeBatch1SumOp, sum_in_down ? kMoeBatch1SumInDown : "a combine kernel after down (with the next norm)"},
       {"attention",
        "paged, fp32 online softmax, sinks + window: tiled (prefill), one pass with in-kernel split merge (decode; "
        "mma.sync with a bf16 cache)"},
@@ -119,7 +122,7 @@ const std::vector<ArchKernels>& kernel_table() {
       {8, 0, "A100, A30", "sm_80", portable_ops(false)},
       {8, 6, "RTX 3090, A40, A6000", "sm_86", portable_ops(false)},
       {8, 9, "RTX 4090, L40S, RTX 6000 Ada", "sm_89", portable_ops(false)},
-      {9, 0, "H100, H200, GH200", "sm_90a", portable_ops(true, true)},
+      {9, 0, "H100, H200, GH200", "sm_90a", portable_ops(true, true, true)},
       {10, 0, "B200, GB200", "sm_100a", portable_ops(true)},
       {12, 0, "RTX PRO 6000 Blackwell, RTX 5090", "sm_120a", portable_ops(true)},
   };

@@ -85,6 +85,13 @@ inline constexpr const char* kLinearDecodeBulk =
     "bf16 GEMV at batch 1 fed by bulk copies (cp.async.bulk) into a shared-memory ring filled before its "
     "predecessor ends";
 
+// Batch 1's MoE sum (MXFP4 experts, four picks): its family where the row's down kernel adds the
+// experts' sum itself (moe_down_sum_f16.cuh; 60 KB blocks, three per SM where shared memory holds
+// them), otherwise the combine kernel runs.
+inline constexpr const char* kMoeBatch1SumOp = "moe_batch1_sum";
+inline constexpr const char* kMoeBatch1SumInDown =
+    "the experts' weighted sum inside down (one warp holds all four experts' rows), no combine kernel";
+
 // Whether the current device's kernel-table row launches a step's kernels as programmatic
 // dependents (backend/cuda/launch.cuh). ANVIL_CHAINED_LAUNCH=0 turns it off, to measure it.
 bool chained_launch_enabled();
