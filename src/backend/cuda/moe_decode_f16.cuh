@@ -94,6 +94,21 @@ __device__ __forceinline__ void f16_chunk_mmas(const uint4& a4, const uint4& b4,
   }
 }
 
+// With the k split kSplitK ways inside a block: each warp's (a, b) into its ring (finished with:
+// every copy has landed), then warp kpart 0 of each group adds the others' in k-part order.
+template <int kSplitK, typename Ring>
+__device__ __forceinline__ void add_split_partials(Ring& ring, int warp, int kpart, int lane, float& a, float& b) {
+  auto partial = [&](int of_warp) { return reinterpret_cast<float2*>(&ring[of_warp][0][0][0]); };
+  partial(warp)[lane] = make_float2(a, b);
+  __syncthreads();
+  if (kpart == 0)
+    for (int q = 1; q < kSplitK; ++q) {
+      const float2 o = partial(warp + q)[lane];
+      a += o.x;
+      b += o.y;
+    }
+}
+
 template <int kSplitK, bool kGateUp>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
     moe_decode_f16_kernel(ExpertProduct p, Routing r) {
@@ -248,17 +263,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
     // Back from code · 2^-14 and token · 2^shift; exact (powers of two) unless out of range.
     float ya = ldexpf(acc[0][0] + acc[1][0], 14 - shift), yb = ldexpf(acc[0][1] + acc[1][1], 14 - shift);
     if constexpr (kSplitK > 1) {
-      // Each warp's ring is its own and finished with (every copy has landed): it holds the
-      // warp's partial sums.
-      auto partial = [&](int of_warp) { return reinterpret_cast<float2*>(&ring[of_warp][0][0][0]); };
-      partial(warp)[lane] = make_float2(ya, yb);
-      __syncthreads();
-      if (kpart == 0)
-        for (int q = 1; q < kSplitK; ++q) {
-          const float2 o = partial(warp + q)[lane];
-          ya += o.x;
-          yb += o.y;
-        }
+      add_split_partials<kSplitK>(ring, warp, kpart, lane, ya, yb);
       __syncthreads();  // the next token's copies reuse the ring
     }
     if (kpart == 0) {

@@ -199,17 +199,7 @@ __global__ void __launch_bounds__(kSumWarps * 32, kSumMinBlocks)
   cp_async_wait<0>();
   float va = ldexpf(acc[0][0] + acc[1][0], 14 - shift_a);
   float vb = ldexpf(acc[0][1] + acc[1][1], 14 - shift_b);
-  if constexpr (kSplitK > 1) {
-    auto partial = [&](int of_warp) { return reinterpret_cast<float2*>(&ring[of_warp][0][0][0]); };
-    partial(warp)[lane] = make_float2(va, vb);
-    __syncthreads();
-    if (kpart == 0)
-      for (int q = 1; q < kSplitK; ++q) {
-        const float2 o = partial(warp + q)[lane];
-        va += o.x;
-        vb += o.y;
-      }
-  }
+  if constexpr (kSplitK > 1) add_split_partials<kSplitK>(ring, warp, kpart, lane, va, vb);
   if (kpart != 0) return;
   va += bias_a;
   vb += bias_b;
