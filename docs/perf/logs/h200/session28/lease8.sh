@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For the next session's first call (carry [".gpu-pack12"]; the pack is git-ignored, so rebuild it
-# if it is gone: apply gate-up-raw-scales-unmeasured.patch to cfb3baa, build build-h for sm_90a,
-# keep cfb3baa's anvil as BASE, then
+# if it is gone: apply gate-up-raw-scales-unmeasured.patch to 5bf7a13, build build-h for sm_90a,
+# keep 5bf7a13's anvil as BASE, then
 # `ANVIL_CARRY_DIR=.gpu-pack12 ANVIL_CARRY_VARIANTS=none ANVIL_CARRY_TRACE=1 bash scripts/gpu_carry.sh build-h BASE`):
 #   bash docs/perf/logs/h200/session28/lease8.sh
 # The candidate: batch-1 MXFP4 decode (moe_decode_f16_kernel) keeps its block scales as E8M0 words
