@@ -94,8 +94,9 @@ constexpr const char* kLaunchChained = "programmatic dependent launch (griddepco
 
 // bulk_copy: the batch-1 GEMV through the bulk copy engine (cp.async.bulk, compute capability 9.0
 // and later), measured on an H200 only so far; the other rows keep the register ring.
-// sum_in_down: batch 1's MoE sum inside down, measured on an H100 only (docs/perf/gpu.md, session
-// 27); SM120 and Ada hold one of its 60 KB blocks per SM, a third of what it was measured with.
+// sum_in_down: batch 1's MoE sum inside down, measured on an H100 and an H200 (docs/perf/gpu.md,
+// sessions 27-28); SM120 and Ada hold one of its 60 KB blocks per SM, a third of what it was
+// measured with.
 std::vector<OpKernel> portable_ops(bool chained_launch, bool bulk_copy = false, bool sum_in_down = false) {
   return {
       {"linear",
