@@ -254,6 +254,15 @@ TEST(CudaAttention, DecodeKernelMatchesTheCpu) {
   check_attention({64, 8, 64, 128, true, many}, 30);
 }
 
+// Decode contexts of 257 to 640 keys: more than one 8-warp split, and every key inside one block
+// of the widest decode split.
+TEST(CudaAttention, DecodeContextsOfOneWideBlockMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  check_attention({64, 8, 64, 0, true, {{256, 1}, {300, 1}, {0, 1}, {600, 1}}}, 41, cuda::KvDtype::BF16, false, 3);
+  check_attention({32, 8, 64, 0, true, {{500, 1}}}, 42, cuda::KvDtype::BF16, false, 2);  // group 4
+  check_attention({16, 8, 64, 0, false, {{639, 1}}}, 43, cuda::KvDtype::BF16, false, 2);  // group 2
+}
+
 // A decode step's attention view as the host-side kernel and split choices see it: `sequences`
 // rows of one new token, `context` as max_context, block tables (16-key blocks) of `table_keys`.
 cuda::AttentionBatch decode_step(int64_t sequences, int64_t context, int64_t table_keys) {
@@ -311,6 +320,30 @@ TEST(CudaAttention, DecodeSplitsFollowTheBlockTables) {
   EXPECT_EQ(cuda::decode_attention_splits(decode_step(1, 131072, 65536), full, bf16, false, 132), 16);
   EXPECT_EQ(cuda::decode_attention_splits(decode_step(8, 131072, 8192), full, bf16, false, 132), 5);  // occupancy
   EXPECT_EQ(cuda::decode_attention_splits(decode_step(65, 131072, 8192), full, bf16, false, 132), 1);
+}
+
+// The wide decode block's splits, host side: only for head_dim 64 contexts past one 8-warp block,
+// and only while the batch's (sequence, KV head) pairs leave room for a 160 KB block per SM (an
+// H200 measured batches 8 and 64 slower with them); never more than one per SM.
+TEST(CudaAttention, WideDecodeSplitsFollowTheContextAndTheBatch) {
+  const cuda::KvLayerCache bf16{nullptr, nullptr, 16, cuda::KvDtype::BF16};
+  const cuda::AttentionShape full{64, 8, 64, 0.125f, 0, nullptr}, sliding{64, 8, 64, 0.125f, 128, nullptr};
+  auto wide = [&](int64_t sequences, int64_t context, int64_t table_keys, const cuda::AttentionShape& shape) {
+    const cuda::AttentionBatch batch = decode_step(sequences, context, table_keys);
+    const int splits = cuda::decode_attention_splits(batch, shape, bf16, true, 132);
+    return cuda::decode_attention_wide_splits(batch, shape, bf16, splits, 132);
+  };
+  EXPECT_EQ(wide(1, 131072, 1024, full), 2);     // a graph's far bound, 1,024-key tables: 32 chunks
+  EXPECT_EQ(wide(1, 550, 1024, full), 1);        // 18 chunks: one block, no merge across blocks
+  EXPECT_EQ(wide(1, 256, 256, full), 0);         // one 8-warp block holds it
+  EXPECT_EQ(wide(1, 131072, 8192, sliding), 0);  // 129 keys
+  EXPECT_EQ(wide(1, 131072, 65536, full), 16);   // long tables: as many as the 8-warp splits
+  EXPECT_EQ(wide(4, 131072, 8192, full), 4);     // 32 pairs: one wide block per SM
+  EXPECT_EQ(wide(8, 131072, 8192, full), 0);     // 64 pairs
+  EXPECT_EQ(wide(64, 131072, 8192, full), 0);
+  EXPECT_EQ(cuda::decode_attention_wide_splits(decode_step(1, 4096, 4096), {64, 8, 128, 0.088f, 0, nullptr}, bf16, 4,
+                                               132),
+            0);  // head_dim 128
 }
 
 TEST(CudaAttention, SmallHeadDimAsQwen3Tiny) {

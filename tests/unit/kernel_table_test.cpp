@@ -43,5 +43,17 @@ TEST(KernelTable, MoeSumInDownOnlyOnTheMeasuredRow) {
   }
 }
 
+// The 20-warp decode attention block needs 160 KB of shared memory: only on the row where it was
+// measured (SM90), never on 8.x or 12.0, whose SMs cannot give one block that much.
+TEST(KernelTable, WideDecodeAttentionOnlyOnTheMeasuredRow) {
+  if (!cuda::compiled_in()) return;
+  for (const auto& row : cuda::kernel_table()) {
+    SCOPED_TRACE(std::to_string(row.major) + "." + std::to_string(row.minor));
+    const std::string blocks = family_of(row, cuda::kDecodeAttentionBlockOp);
+    EXPECT_FALSE(blocks.empty()) << "no decode attention block named";
+    EXPECT_EQ(blocks == cuda::kDecodeAttentionWide, row.major == 9 && row.minor == 0);
+  }
+}
+
 }  // namespace
 }  // namespace anvil

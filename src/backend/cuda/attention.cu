@@ -251,6 +251,11 @@ template <KvDtype KV>
 __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch batch, int64_t heads, int64_t kv_heads,
                                             int64_t head_dim, const int32_t* positions, const float* inv_freq,
                                             float mscale, float* q, KvLayerCache cache, QkNorm qk_norm) {
+  // The attention after this kernel is launched at once, while the qkv product still streams, so
+  // its copies of every key but the newest (older than qkv: no attention kernel reads anything
+  // newer before its wait) leave the chain's path. Measured alone on H100s: batch 1 +0.4-1.8 % (20b)
+  // and +1.3 % (120b), batch 64 +0.2-0.5 %, batch 8 -0.2 % (docs/perf/logs/h200/session29).
+  release_dependents();
   const int64_t row = blockIdx.x, head = blockIdx.y, half = head_dim / 2;
   const float* in = qkv + (row * (heads + 2 * kv_heads) + head) * head_dim;
   // Everything but the projection's output is known before the wait: the step's metadata (uploaded
@@ -272,7 +277,6 @@ __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch bat
   const float first_norm0 = first_pair && norm ? norm[threadIdx.x] : 0.0f;
   const float first_norm1 = first_pair && norm ? norm[threadIdx.x + half] : 0.0f;
   wait_for_predecessor();
-  release_dependents();
   if (!rotated) {
     const int64_t offset = slot + (head - heads - kv_heads) * head_dim;
     for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) store_kv<KV>(cache.values, offset + i, in[i]);
@@ -435,17 +439,38 @@ int64_t decode_kernel_warps(bool mma, KvDtype dtype, int64_t head_dim) {
   return decode_warps(dtype);
 }
 
+template <int D, int G, typename Out, int W = kMmaDecodeWarps<D>>
+void launch_mma_decode_warps(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                             const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits,
+                             cudaStream_t stream) {
+  constexpr auto kernel = decode_attention_mma_kernel<D, G, Out, W>;
+  constexpr size_t smem = mma_decode_smem_bytes<D, G, W>();
+  allow_smem<kernel>(smem);
+  const dim3 grid(unsigned(batch.num_sequences), unsigned(shape.num_kv_heads), unsigned(splits));
+  launch_chained(kernel, grid, W * 32, smem, stream, batch, shape, q, cache, out, partials, tickets, splits);
+  ANVIL_CUDA_LAUNCHED();
+}
+
+// Whether this GPU's kernel-table row runs head_dim 64 decode in one 20-warp block per KV head
+// where 8-warp blocks would need more than one split (asked once per device).
+bool wide_decode_blocks() { return current_device_runs(kDecodeAttentionBlockOp, kDecodeAttentionWide); }
+
+// The most keys a decode launch may see: what decode_attention_splits sizes its splits for.
+int64_t decode_context_keys(const AttentionBatch& batch, const AttentionShape& shape, const KvLayerCache& cache) {
+  return std::min(attention_context_bound(batch, shape), int64_t(batch.max_blocks) * cache.block_size);
+}
+
 template <int D, int G, typename Out>
 void launch_mma_decode(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
                        const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits,
                        cudaStream_t stream) {
-  constexpr auto kernel = decode_attention_mma_kernel<D, G, Out>;
-  constexpr size_t smem = mma_decode_smem_bytes<D, G>();
-  allow_smem<kernel>(smem);
-  const dim3 grid(unsigned(batch.num_sequences), unsigned(shape.num_kv_heads), unsigned(splits));
-  launch_chained(kernel, grid, kMmaDecodeWarps<D> * 32, smem, stream, batch, shape, q, cache, out, partials, tickets,
-                 splits);
-  ANVIL_CUDA_LAUNCHED();
+  if constexpr (D == kMmaDecodeWideHeadDim) {
+    const int wide_splits = decode_attention_wide_splits(batch, shape, cache, splits, current_multiprocessors());
+    if (wide_splits > 0 && wide_decode_blocks())
+      return launch_mma_decode_warps<D, G, Out, kMmaDecodeWideWarps>(batch, shape, q, cache, out, partials, tickets,
+                                                                     wide_splits, stream);
+  }
+  launch_mma_decode_warps<D, G, Out>(batch, shape, q, cache, out, partials, tickets, splits, stream);
 }
 
 template <int D, int G, typename Out>
@@ -549,10 +574,24 @@ int decode_attention_splits(const AttentionBatch& batch, const AttentionShape& s
   // Each warp one 32-key chunk of the longest context the block tables can hold (under CUDA
   // graphs max_context is a far fixed bound, and splits past a sequence's keys only launch blocks
   // that return at once), and about two blocks per multiprocessor.
-  const int64_t keys = std::min(attention_context_bound(batch, shape), int64_t(batch.max_blocks) * cache.block_size);
+  const int64_t keys = decode_context_keys(batch, shape, cache);
   const int64_t by_length = ceil_div(ceil_div(keys, kDecodeKeys), decode_kernel_warps(mma, cache.dtype, shape.head_dim));
   const int64_t by_occupancy = ceil_div(2 * int64_t(multiprocessors), batch.num_sequences * shape.num_kv_heads);
   return int(std::clamp<int64_t>(std::min(by_length, by_occupancy), 1, kMaxSplits));
+}
+
+int decode_attention_wide_splits(const AttentionBatch& batch, const AttentionShape& shape, const KvLayerCache& cache,
+                                 int splits, int multiprocessors) {
+  if (shape.head_dim != kMmaDecodeWideHeadDim) return 0;
+  // A sliding window's 129 keys, or any context one 8-warp block holds, stay as they are.
+  const int64_t chunks = ceil_div(decode_context_keys(batch, shape, cache), kDecodeKeys);
+  if (chunks <= kMmaDecodeWarps<kMmaDecodeWideHeadDim>) return 0;
+  // A wide block takes a whole SM's shared memory, so its grid must stay within one block per SM
+  // with room for splits: at batch 8 (64 pairs, 5 splits: 320 blocks, 2.4 waves) an H200 ran a
+  // 4,096-token context 2 % slower with them, and batch 64 1 % slower.
+  const int64_t pairs = batch.num_sequences * shape.num_kv_heads;
+  if (4 * pairs > multiprocessors) return 0;
+  return int(std::min<int64_t>({ceil_div(chunks, kMmaDecodeWideWarps), splits, multiprocessors / pairs}));
 }
 
 // The step itself no longer matters (session 21: the tensor-core kernel measured faster at every

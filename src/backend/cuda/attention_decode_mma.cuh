@@ -37,12 +37,23 @@ constexpr int kMmaDecodeWarps = D >= 128 ? 4 : 8;
 template <int D>
 constexpr bool kMmaDecodeHeadDim = D == 64 || D == 128;
 
+// Warps of the wide head_dim-64 block, where the kernel table names it (160 KB of rows: SM90 and
+// SM100 hold one, SM120 and Ada none). gpt-oss's full layers at a few hundred keys then run one
+// block per KV head, merged in shared memory, instead of 8-warp splits merged through a ticket by
+// the last to finish (~5 us of a full layer's ~11 at 548 keys on an H100). It was slower while its
+// copies began only after RoPE's wait (one SM streaming 18 chunks: session 28); with RoPE
+// releasing the attention at once they run beside qkv, and batch 1 gained a further 0.9-1.3 %
+// (docs/perf/logs/h200/session29). Batches whose blocks would not fit one per SM keep 8 warps
+// (decode_attention_wide_splits).
+constexpr int kMmaDecodeWideWarps = 20;
+constexpr int kMmaDecodeWideHeadDim = 64;
+
 // Dynamic shared memory: each warp's key and value rows, [warp][K, V][key][D] bf16, and after the
 // loop the warps' output accumulators, [warp][head][D] floats, in the same bytes.
-template <int D, int G>
+template <int D, int G, int W = kMmaDecodeWarps<D>>
 constexpr size_t mma_decode_smem_bytes() {
-  const size_t rows = size_t(kMmaDecodeWarps<D>) * 2 * kDecodeKeys * D * 2;
-  const size_t accumulators = size_t(kMmaDecodeWarps<D>) * G * D * sizeof(float);
+  const size_t rows = size_t(W) * 2 * kDecodeKeys * D * 2;
+  const size_t accumulators = size_t(W) * G * D * sizeof(float);
   return rows > accumulators ? rows : accumulators;
 }
 
@@ -75,12 +86,12 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uin
 
 // partials, tickets, splits and the split rule: as decode_attention_kernel. G: the group rounded
 // up to 2, 4 or 8 (the products always run 8 head columns; the padding heads have q = 0).
-template <int D, int G, typename Out>
-__global__ void __launch_bounds__(kMmaDecodeWarps<D> * 32)
+template <int D, int G, typename Out, int W = kMmaDecodeWarps<D>>
+__global__ void __launch_bounds__(W * 32)
     decode_attention_mma_kernel(AttentionBatch batch, AttentionShape shape, const float* q, KvLayerCache cache,
                                 Out* out, float* partials, int* tickets, int splits) {
   static_assert(kMmaDecodeHeadDim<D> && G <= 8, "head_dim 64 or 128, at most 8 query heads per KV head");
-  constexpr int kWarps = kMmaDecodeWarps<D>, kSteps = D / 16, kRowChunks = D / 8;
+  constexpr int kWarps = W, kSteps = D / 16, kRowChunks = D / 8;
   __shared__ float max_s[kWarps][G], sum_s[kWarps][G];
   __shared__ bool last_s;
   extern __shared__ __align__(16) uint8_t rows_s[];  // [warp][K, V][key][D] bf16, then acc_s

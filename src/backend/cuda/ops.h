@@ -416,6 +416,12 @@ int64_t attention_context_bound(const AttentionBatch& batch, const AttentionShap
 // blocks per multiprocessor and 16. Host code only, for tests.
 int decode_attention_splits(const AttentionBatch& batch, const AttentionShape& shape, const KvLayerCache& cache,
                             bool mma, int multiprocessors);
+// The splits of the wide (20-warp, head_dim 64) tensor-core decode block for such a step, 0 where
+// 8-warp blocks run: contexts one 8-warp block holds, and batches whose (sequence, KV head) pairs
+// would leave no room for a wide block per SM (`splits` as decode_attention_splits returned).
+// The kernel table decides whether a GPU runs wide blocks at all. Host code only, for tests.
+int decode_attention_wide_splits(const AttentionBatch& batch, const AttentionShape& shape, const KvLayerCache& cache,
+                                 int splits, int multiprocessors);
 
 // ---- dummy weights on the device (dummy_fill.cu) ----
 

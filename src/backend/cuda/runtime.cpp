@@ -92,27 +92,40 @@ namespace {
 constexpr const char* kLaunchOp = "launch";
 constexpr const char* kLaunchChained = "programmatic dependent launch (griddepcontrol)";
 
-// bulk_copy: the batch-1 GEMV through the bulk copy engine (cp.async.bulk, compute capability 9.0
-// and later), measured on an H200 only so far; the other rows keep the register ring.
-// sum_in_down: batch 1's MoE sum inside down, measured on an H100 and an H200 (docs/perf/gpu.md,
-// sessions 27-28); SM120 and Ada hold one of its 60 KB blocks per SM, a third of what it was
-// measured with.
-std::vector<OpKernel> portable_ops(bool chained_launch, bool bulk_copy = false, bool sum_in_down = false) {
+// What a row runs beyond the portable kernels, each only where it was measured:
+// - bulk_copy: the batch-1 GEMV through the bulk copy engine (cp.async.bulk, compute capability
+//   9.0 and later), measured on an H200 only so far; the other rows keep the register ring.
+// - sum_in_down: batch 1's MoE sum inside down, measured on an H100 and an H200 (docs/perf/gpu.md,
+//   sessions 27-28); SM120 and Ada hold one of its 60 KB blocks per SM, a third of what it was
+//   measured with.
+// - wide_decode_attention: 20-warp decode attention blocks, measured on H100s (session 29); they
+//   need 160 KB of shared memory, which SM120, Ada and Ampere cannot give one block.
+struct RowChoices {
+  bool chained_launch = false;
+  bool bulk_copy = false;
+  bool sum_in_down = false;
+  bool wide_decode_attention = false;
+};
+
+std::vector<OpKernel> portable_ops(RowChoices row) {
   return {
       {"linear",
        "vectorized mma.sync GEMV (decode) and m16n8k16 GEMM; bf16 products of >= 32 rows through cuBLASLt when "
        "found; bf16 or FP8 E4M3 weights (FP8 decoded in registers)"},
-      {kLinearDecodeOp, bulk_copy ? kLinearDecodeBulk : "register-ring GEMV (as linear)"},
+      {kLinearDecodeOp, row.bulk_copy ? kLinearDecodeBulk : "register-ring GEMV (as linear)"},
       {"moe_quantized",
        "mma.sync W4A16 / W8A16 grouped GEMM and decode; MXFP4, NVFP4 or FP8 experts dequantized in registers "
        "(MXFP4 at batch 1: fp16 mma on the codes, block scales on the fp32 results); bf16 experts through the grouped "
        "GEMM for long prompts"},
-      {kMoeBatch1SumOp, sum_in_down ? kMoeBatch1SumInDown : "a combine kernel after down (with the next norm)"},
+      {kMoeBatch1SumOp, row.sum_in_down ? kMoeBatch1SumInDown : "a combine kernel after down (with the next norm)"},
       {"attention",
        "paged, fp32 online softmax, sinks + window: tiled (prefill), one pass with in-kernel split merge (decode; "
        "mma.sync with a bf16 cache)"},
+      {kDecodeAttentionBlockOp, row.wide_decode_attention
+                                    ? kDecodeAttentionWide
+                                    : "8-warp blocks (4 for head_dim 128), splits merged by the last to finish"},
       {"norm_rope_embed", "elementwise (fp32)"},
-      {kLaunchOp, chained_launch ? kLaunchChained : "stream order"},
+      {kLaunchOp, row.chained_launch ? kLaunchChained : "stream order"},
   };
 }
 
@@ -120,12 +133,13 @@ std::vector<OpKernel> portable_ops(bool chained_launch, bool bulk_copy = false, 
 
 const std::vector<ArchKernels>& kernel_table() {
   static const std::vector<ArchKernels> table = {
-      {8, 0, "A100, A30", "sm_80", portable_ops(false)},
-      {8, 6, "RTX 3090, A40, A6000", "sm_86", portable_ops(false)},
-      {8, 9, "RTX 4090, L40S, RTX 6000 Ada", "sm_89", portable_ops(false)},
-      {9, 0, "H100, H200, GH200", "sm_90a", portable_ops(true, true, true)},
-      {10, 0, "B200, GB200", "sm_100a", portable_ops(true)},
-      {12, 0, "RTX PRO 6000 Blackwell, RTX 5090", "sm_120a", portable_ops(true)},
+      {8, 0, "A100, A30", "sm_80", portable_ops({})},
+      {8, 6, "RTX 3090, A40, A6000", "sm_86", portable_ops({})},
+      {8, 9, "RTX 4090, L40S, RTX 6000 Ada", "sm_89", portable_ops({})},
+      {9, 0, "H100, H200, GH200", "sm_90a", portable_ops({.chained_launch = true, .bulk_copy = true, .sum_in_down = true,
+                                                         .wide_decode_attention = true})},
+      {10, 0, "B200, GB200", "sm_100a", portable_ops({.chained_launch = true})},
+      {12, 0, "RTX PRO 6000 Blackwell, RTX 5090", "sm_120a", portable_ops({.chained_launch = true})},
   };
   return table;
 }

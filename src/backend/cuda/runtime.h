@@ -92,6 +92,12 @@ inline constexpr const char* kMoeBatch1SumOp = "moe_batch1_sum";
 inline constexpr const char* kMoeBatch1SumInDown =
     "the experts' weighted sum inside down (one warp holds all four experts' rows), no combine kernel";
 
+// Decode attention's blocks (the tensor-core kernel, head_dim 64): the family where one 20-warp
+// block per KV head takes contexts that 8-warp blocks would split (attention_decode_mma.cuh).
+inline constexpr const char* kDecodeAttentionBlockOp = "attention_decode_block";
+inline constexpr const char* kDecodeAttentionWide =
+    "head_dim 64 in one 20-warp block per KV head up to 640 keys (160 KB of shared memory), merged in shared memory";
+
 // Whether the current device's kernel-table row launches a step's kernels as programmatic
 // dependents (backend/cuda/launch.cuh). ANVIL_CHAINED_LAUNCH=0 turns it off, to measure it.
 bool chained_launch_enabled();
