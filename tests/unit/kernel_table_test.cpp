@@ -17,42 +17,37 @@ std::string family_of(const cuda::ArchKernels& row, const std::string& op) {
   return "";
 }
 
+// Every row names a family for `op`, and `sm90_family` exactly on the SM90 row.
+void expect_family_only_on_sm90(const std::string& op, const std::string& sm90_family) {
+  for (const auto& row : cuda::kernel_table()) {
+    SCOPED_TRACE(std::to_string(row.major) + "." + std::to_string(row.minor) + " " + op);
+    const std::string family = family_of(row, op);
+    EXPECT_FALSE(family.empty()) << "no family named";
+    EXPECT_EQ(family == sm90_family, row.major == 9 && row.minor == 0);
+  }
+}
+
 TEST(KernelTable, BulkCopyGemvOnlyOnTheMeasuredRow) {
   if (!cuda::compiled_in()) {
     EXPECT_TRUE(cuda::kernel_table().empty());
     return;
   }
   ASSERT_FALSE(cuda::kernel_table().empty());
-  for (const auto& row : cuda::kernel_table()) {
-    SCOPED_TRACE(std::to_string(row.major) + "." + std::to_string(row.minor));
-    const std::string decode = family_of(row, cuda::kLinearDecodeOp);
-    EXPECT_FALSE(decode.empty()) << "no decode GEMV named";
-    EXPECT_EQ(decode == cuda::kLinearDecodeBulk, row.major == 9 && row.minor == 0);
-  }
+  expect_family_only_on_sm90(cuda::kLinearDecodeOp, cuda::kLinearDecodeBulk);
 }
 
 // Batch 1's MoE sum inside down: only where it was measured (an SM90 card), never picked for a
 // row whose shared memory holds fewer of its blocks.
 TEST(KernelTable, MoeSumInDownOnlyOnTheMeasuredRow) {
   if (!cuda::compiled_in()) return;
-  for (const auto& row : cuda::kernel_table()) {
-    SCOPED_TRACE(std::to_string(row.major) + "." + std::to_string(row.minor));
-    const std::string sum = family_of(row, cuda::kMoeBatch1SumOp);
-    EXPECT_FALSE(sum.empty()) << "no batch-1 MoE sum named";
-    EXPECT_EQ(sum == cuda::kMoeBatch1SumInDown, row.major == 9 && row.minor == 0);
-  }
+  expect_family_only_on_sm90(cuda::kMoeBatch1SumOp, cuda::kMoeBatch1SumInDown);
 }
 
 // The 20-warp decode attention block needs 160 KB of shared memory: only on the row where it was
 // measured (SM90), never on 8.x or 12.0, whose SMs cannot give one block that much.
 TEST(KernelTable, WideDecodeAttentionOnlyOnTheMeasuredRow) {
   if (!cuda::compiled_in()) return;
-  for (const auto& row : cuda::kernel_table()) {
-    SCOPED_TRACE(std::to_string(row.major) + "." + std::to_string(row.minor));
-    const std::string blocks = family_of(row, cuda::kDecodeAttentionBlockOp);
-    EXPECT_FALSE(blocks.empty()) << "no decode attention block named";
-    EXPECT_EQ(blocks == cuda::kDecodeAttentionWide, row.major == 9 && row.minor == 0);
-  }
+  expect_family_only_on_sm90(cuda::kDecodeAttentionBlockOp, cuda::kDecodeAttentionWide);
 }
 
 }  // namespace
