@@ -341,6 +341,7 @@ TEST(CudaAttention, WideDecodeSplitsFollowTheContextAndTheBatch) {
   EXPECT_EQ(wide(4, 131072, 8192, full), 4);     // 32 pairs: one wide block per SM
   EXPECT_EQ(wide(8, 131072, 8192, full), 0);     // 64 pairs
   EXPECT_EQ(wide(64, 131072, 8192, full), 0);
+  EXPECT_EQ(cuda::decode_attention_wide_splits(decode_step(0, 131072, 8192), full, bf16, 1, 132), 0);  // no pairs
   EXPECT_EQ(cuda::decode_attention_wide_splits(decode_step(1, 4096, 4096), {64, 8, 128, 0.088f, 0, nullptr}, bf16, 4,
                                                132),
             0);  // head_dim 128

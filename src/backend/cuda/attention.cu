@@ -590,7 +590,7 @@ int decode_attention_wide_splits(const AttentionBatch& batch, const AttentionSha
   // with room for splits: at batch 8 (64 pairs, 5 splits: 320 blocks, 2.4 waves) an H200 ran a
   // 4,096-token context 2 % slower with them, and batch 64 1 % slower.
   const int64_t pairs = batch.num_sequences * shape.num_kv_heads;
-  if (4 * pairs > multiprocessors) return 0;
+  if (pairs <= 0 || 4 * pairs > multiprocessors) return 0;
   return int(std::min<int64_t>({ceil_div(chunks, kMmaDecodeWideWarps), splits, multiprocessors / pairs}));
 }
 
