@@ -691,11 +691,14 @@ std::string format_doctor_text(const DoctorReport& report) {
     line("\nKernel table: none in this build (no CUDA)");
   } else {
     line("\nKernel table (exact compute capability -> kernels; anything else is refused):");
+    size_t op_width = 0;  // the longest op name, so every family starts in one column
+    for (const auto& row : r["kernel_table"])
+      for (const auto& [op, family] : row["ops"].items()) op_width = std::max(op_width, op.size());
     for (const auto& row : r["kernel_table"]) {
       line(fmt::format("  {:<5} {:<8} {}{}", row["compute_capability"].get<std::string>(), row["target"].get<std::string>(),
                        row["gpus"].get<std::string>(), row["compiled"].get<bool>() ? "" : " (not in this build)"));
       for (const auto& [op, family] : row["ops"].items())
-        line(fmt::format("        {:<16} {}", op, family.get<std::string>()));
+        line(fmt::format("        {:<{}} {}", op, op_width, family.get<std::string>()));
     }
   }
   line("\nChecks:");

@@ -169,6 +169,21 @@ TEST(Doctor, CleanHostWithoutGpuIsOk) {
   EXPECT_NE(text.find("0 errors, 0 warnings"), std::string::npos) << text;
 }
 
+// Every family in the kernel table starts in one column, however long the longest op name (the
+// table's 22-character "attention_decode_block" once pushed its family out of line).
+TEST(Doctor, KernelTableFamiliesLineUp) {
+  FakeHost host;
+  auto input = host.input();
+  const std::vector<cuda::OpKernel> ops = {{"launch", "stream order"}, {"attention_decode_block", "8-warp blocks"}};
+  input.kernel_table = {{8, 0, "A100", "sm_80", ops}};
+  const std::string text = tools::format_doctor_text(tools::run_doctor(input, {}));
+  const size_t launch = text.find("launch "), wide = text.find("attention_decode_block ");
+  ASSERT_NE(launch, std::string::npos) << text;
+  ASSERT_NE(wide, std::string::npos) << text;
+  const size_t launch_family = text.find("stream order", launch), wide_family = text.find("8-warp blocks", wide);
+  EXPECT_EQ(launch_family - text.rfind('\n', launch_family), wide_family - text.rfind('\n', wide_family)) << text;
+}
+
 TEST(Doctor, GpusWithTheirKernelsAndDriver) {
   FakeHost host;
   fs::create_directories(host.sys() / "module/nvidia");
