@@ -98,8 +98,9 @@ constexpr const char* kLaunchChained = "programmatic dependent launch (griddepco
 // - sum_in_down: batch 1's MoE sum inside down, measured on an H100 and an H200 (docs/perf/gpu.md,
 //   sessions 27-28); SM120 and Ada hold one of its 60 KB blocks per SM, a third of what it was
 //   measured with.
-// - wide_decode_attention: 20-warp decode attention blocks, measured on H100s (session 29); they
-//   need 160 KB of shared memory, which SM120, Ada and Ampere cannot give one block.
+// - wide_decode_attention: 20-warp decode attention blocks, measured on H100s and an H200
+//   (session 29); they need ~161 KB of shared memory, which SM120, Ada and SM86 cannot give one
+//   block (an A100's 163 KB could hold one; unmeasured there).
 struct RowChoices {
   bool chained_launch = false;
   bool bulk_copy = false;
