@@ -284,18 +284,20 @@ class GptOss : public Model {
       const cuda::KvLayerCache cache{storage.device_keys(slot), storage.device_values(slot), storage.shape().block_size,
                                      storage.shape().dtype};
       const cuda::AttentionBatch& view = run.step.groups[size_t(group)];
-      // RoPE on q and k, k and v straight into the cache.
-      cuda::split_qkv_rope_to_cache(qkv, view, shape, run.step.positions, g.inv_freq, rope_.attention_scale(), q,
-                                    cache, stream);
-      run.marks.record("rope + kv write");
+      // RoPE on q and k, k and v straight into the cache (at decode inside the attention's own
+      // launch where the kernel table says so).
       if (exact) {
+        cuda::split_qkv_rope_to_cache(qkv, view, shape, run.step.positions, g.inv_freq, rope_.attention_scale(), q,
+                                      cache, stream);
+        run.marks.record("rope + kv write");
         cuda::paged_attention(view, shape, q, cache, attn_f32, attention_workspace, attention_bytes, stream);
         run.marks.record(shape.sliding_window ? "attention (sliding)" : "attention (full)");
         cuda::linear_f32_input(layer.o_proj, layer.o_bias, attn_f32, rows, hidden, q_width, projected, stream);
         cuda::add_inplace(x, projected, rows * hidden, stream);
       } else {
-        cuda::paged_attention(view, shape, q, cache, attn, attention_workspace, attention_bytes, stream);
-        run.marks.record(shape.sliding_window ? "attention (sliding)" : "attention (full)");
+        cuda::rope_then_attention(qkv, view, shape, run.step.positions, g.inv_freq, rope_.attention_scale(), q, cache,
+                                  attn, attention_workspace, attention_bytes, stream);
+        run.marks.record(shape.sliding_window ? "rope + attention (sliding)" : "rope + attention (full)");
         cuda::linear_add(layer.o_proj, layer.o_bias, attn, rows, hidden, q_width, x, stream);
       }
       run.marks.record("o_proj + residual");
@@ -307,27 +309,25 @@ class GptOss : public Model {
         run.marks.record("norm");
         cuda::linear_f32_input(layer.router, layer.router_bias, h_f32, rows, experts, hidden, router_logits, stream);
         run.marks.record("router");
-      } else {
-        // The experts' bf16 input into h, the router's logits from the float32 norm.
-        cuda::rms_norm_router(x, rows, hidden, layer.post_attention_norm, eps, layer.router, layer.router_bias, experts,
-                              router_logits, h, h_f32, stream);
-        run.marks.record("norm + router");
-      }
-      if (exact) {
         cuda::moe_topk_softmax(router_logits, rows, experts, int(top_k), expert_ids, expert_weights, stream);
         run.marks.record("top-k");
         cuda::moe_quantized_f32(layer.experts, h_f32, rows, int(top_k), expert_ids, expert_weights, x, moe_workspace,
-                            moe_bytes, stream);
+                                moe_bytes, stream);
+        run.marks.record("experts");
       } else {
-        // The experts are picked inside the MoE call (with its routing at decode), and the combine
-        // also makes the next layer's input norm into h (which the experts are done with).
+        // The experts' bf16 input into h and the router's logits from the float32 norm; the experts
+        // are picked inside the MoE call (at batch 1 in the norm's own launch where the kernel table
+        // says so), and the combine also makes the next layer's input norm into h (which the
+        // experts are done with).
         const bool last_layer = l + 1 == c.num_layers;
         cuda::NextNorm next{last_layer ? nullptr : g.layers[size_t(l + 1)].input_norm, eps, last_layer ? nullptr : h};
         next.may_defer = true;
-        h_is_input_norm = cuda::moe_quantized_from_logits(layer.experts, h, rows, int(top_k), router_logits, expert_ids,
-                                                          expert_weights, x, moe_workspace, moe_bytes, stream, &next);
+        const cuda::MoeRouterInput router_input{x, layer.post_attention_norm, eps, layer.router, layer.router_bias};
+        h_is_input_norm =
+            cuda::moe_quantized_from_residual(layer.experts, router_input, rows, int(top_k), h, h_f32, router_logits,
+                                              expert_ids, expert_weights, moe_workspace, moe_bytes, stream, &next);
+        run.marks.record("norm + router + top-k + experts");
       }
-      run.marks.record(exact ? "experts" : "top-k + experts");
     }
 
     const int64_t logit_rows = run.step.logit_rows;

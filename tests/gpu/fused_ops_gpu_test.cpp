@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "models/cuda_support.h"
 #include "support/device_vectors.h"
+#include "support/one_layer_cache.h"
 
 namespace anvil {
 namespace {
@@ -193,16 +194,8 @@ void rope_into_cache_case(int64_t head_dim, bool with_norm) {
   std::mt19937 rng(13);
   const int64_t heads = 8, kv_heads = 2, block = 16, total_blocks = 12;
   const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
-  KvLayout layout;
-  layout.kv_heads = kv_heads;
-  layout.head_dim = head_dim;
-  layout.group_layers = {1};
-  layout.group_window = {0};
-  layout.layer_group = {0};
-  layout.layer_slot = {0};
-  ModelConfig config;
-  config.vocab_size = 1;
-  config.max_position_embeddings = 4096;
+  const KvLayout layout = test::one_layer_layout(kv_heads, head_dim, 0);
+  const ModelConfig config = test::positions_only_config(4096);
   const std::vector<int32_t> table_a = {5, 9}, table_b = {-1, -1, -1, -1, 2};
   StepBatch batch;
   // Sequence 0: 3 new tokens at 20..22 (block table {5, 9}); sequence 1: one token at 70 in block 2.
@@ -265,6 +258,93 @@ void rope_into_cache_case(int64_t head_dim, bool with_norm) {
     // Something was written: position 20 is slot 4 of sequence 0's second block, block 9.
     const size_t row20 = size_t((9 * block + 4) * kv_width) * cuda::kv_dtype_bytes(dtype);
     EXPECT_NE(keys_b[row20], 0x5a);
+  }
+}
+
+// rope_then_attention with the RoPE inside the decode attention (where the kernel table names it)
+// against the RoPE kernel then the attention: the output and the whole cache bit for bit. head_dim
+// 64 with groups 8 (gpt-oss), 4 and 2; one sequence at 600 keys (one wide block), several at 5 to
+// 1,000 keys (8-warp splits), a 128-key window; a sequence whose newest key's block is unmapped
+// (nothing stored, the key reads as zeros), positions past 10^4 (precise cos/sin).
+struct DecodeRopeCase {
+  int64_t heads, kv_heads, window;
+  std::vector<int32_t> positions;
+  int unmapped_sequence = -1;
+};
+
+void rope_inside_attention_case(const DecodeRopeCase& c) {
+  std::mt19937 rng(29);
+  const int64_t head_dim = 64, block = 16, heads = c.heads, kv_heads = c.kv_heads;
+  const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
+  const int64_t rows = int64_t(c.positions.size());
+  int64_t total_blocks = 0;
+  std::vector<std::vector<int32_t>> tables;
+  for (size_t i = 0; i < c.positions.size(); ++i) {
+    std::vector<int32_t> table;
+    for (int64_t b = 0; b <= c.positions[i] / block; ++b) table.push_back(int32_t(total_blocks++));
+    if (int(i) == c.unmapped_sequence) table.back() = -1;
+    tables.push_back(std::move(table));
+  }
+  const KvLayout layout = test::one_layer_layout(kv_heads, head_dim, c.window);
+  const ModelConfig config = test::positions_only_config(1 << 16);
+  StepBatch batch;
+  for (size_t i = 0; i < c.positions.size(); ++i) {
+    SequenceStep sequence;
+    sequence.start_pos = c.positions[i];
+    sequence.num_tokens = 1;
+    sequence.block_tables = {std::span<const int32_t>(tables[i])};
+    batch.sequences.push_back(sequence);
+    batch.tokens.push_back(0);
+  }
+  std::vector<float> inv_freq(size_t(head_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(150000.0f, -2.0f * float(i) / float(head_dim));
+  std::vector<float> sinks = uniform(size_t(heads), rng, 2.0f);
+  const auto d_qkv = to_device(uniform(size_t(rows * (q_width + 2 * kv_width)), rng, 2.0f));
+  const auto d_positions = to_device(c.positions), d_inv = to_device(inv_freq), d_sinks = to_device(sinks);
+  const size_t cache_elements = size_t(total_blocks * block * kv_width);
+  const auto old_keys = bf16_values(cache_elements, rng, 2.0f), old_values = bf16_values(cache_elements, rng, 2.0f);
+  DeviceStep step;
+  step.upload(batch, layout, config, nullptr, false);
+  const cuda::AttentionShape shape{heads, kv_heads, head_dim, 0.125f, c.window, d_sinks.get<float>()};
+  const size_t ws_bytes = cuda::attention_workspace_bytes(rows, heads, head_dim);
+  std::vector<uint16_t> out[2], keys[2], values[2];
+  for (int inside = 0; inside < 2; ++inside) {
+    cuda::allow_rope_in_attention(inside == 1);
+    KvGroupStorage cache({1, total_blocks, block, kv_heads, head_dim, KvDevice::Cuda, cuda::KvDtype::BF16});
+    cuda::copy_to_device(cache.device_keys(0), old_keys.data(), cache_elements * 2);
+    cuda::copy_to_device(cache.device_values(0), old_values.data(), cache_elements * 2);
+    const cuda::KvLayerCache view{cache.device_keys(0), cache.device_values(0), block, cuda::KvDtype::BF16};
+    EXPECT_EQ(cuda::decode_rope_in_attention(step.groups[0], shape, view), inside == 1);
+    cuda::DeviceBuffer q(size_t(rows * q_width) * 4), attn(size_t(rows * q_width) * 2), workspace(ws_bytes);
+    cuda::memset_device(workspace.get(), 0, ws_bytes);
+    cuda::memset_device(attn.get(), 0xff, attn.bytes());
+    cuda::rope_then_attention(d_qkv.get<float>(), step.groups[0], shape, d_positions.get<int32_t>(), d_inv.get<float>(),
+                              1.25f, q.get<float>(), view, attn.get<uint16_t>(), workspace.get(), ws_bytes, nullptr);
+    out[inside] = to_host<uint16_t>(attn, size_t(rows * q_width));
+    keys[inside].resize(cache_elements);
+    values[inside].resize(cache_elements);
+    cuda::copy_to_host(keys[inside].data(), cache.device_keys(0), cache_elements * 2);
+    cuda::copy_to_host(values[inside].data(), cache.device_values(0), cache_elements * 2);
+    cuda::synchronize();
+  }
+  cuda::allow_rope_in_attention(true);
+  EXPECT_TRUE(same_bits(out[0], out[1]));
+  EXPECT_TRUE(same_bits(keys[0], keys[1]));
+  EXPECT_TRUE(same_bits(values[0], values[1]));
+  EXPECT_FALSE(same_bits(keys[1], old_keys)) << "no key was written";
+}
+
+TEST(CudaFusedOps, RopeInsideDecodeAttentionEqualsRopeThenAttention) {
+  SKIP_WITHOUT_GPU();
+  if (!cuda::current_device_runs(cuda::kDecodeRopeOp, cuda::kDecodeRopeInAttention))
+    GTEST_SKIP() << "this GPU's kernel-table row keeps the RoPE kernel";
+  for (const DecodeRopeCase& c :
+       {DecodeRopeCase{64, 8, 0, {600}}, DecodeRopeCase{64, 8, 0, {5, 300, 1000}},
+        DecodeRopeCase{64, 8, 128, {5, 140, 700}}, DecodeRopeCase{16, 4, 0, {31, 257, 12000}, 1},
+        DecodeRopeCase{8, 4, 128, {64, 20000}, 0}, DecodeRopeCase{32, 4, 0, {511}}}) {
+    SCOPED_TRACE("heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " window " +
+                 std::to_string(c.window) + " first position " + std::to_string(c.positions[0]));
+    rope_inside_attention_case(c);
   }
 }
 

@@ -685,6 +685,70 @@ TEST(CudaMoe, SumInDownEqualsTheCombine) {
   }
 }
 
+// moe_quantized_from_residual at batch 1 with the norm, router and picks in one cluster launch
+// (where the kernel table names it) against the same call with that launch turned off
+// (rms_norm_router, then the one-warp routing kernel): the bf16 norm, the picks, their weights and
+// the residual bit for bit. Duplicated router rows make exact ties (the lower id wins); 16 to 128
+// experts (one to sixteen per cluster block), hidden sizes of one to four pieces per thread, with
+// and without a router bias.
+TEST(CudaMoe, OneLaunchRoutingEqualsNormRouterThenRouting) {
+  ANVIL_REQUIRE_GPU();
+  if (!cuda::current_device_runs(cuda::kMoeBatch1RouteOp, cuda::kMoeBatch1RouteCluster))
+    GTEST_SKIP() << "this GPU's kernel-table row keeps the norm + router and routing kernels";
+  Rng rng(97);
+  for (const Shape& shape : {Shape{16, 128, 128, 4}, Shape{32, 2880, 384, 4}, Shape{128, 4096, 128, 4},
+                             Shape{64, 1024, 256, 4}, Shape{128, 2880, 128, 4}}) {
+    const Experts ex(shape, rng, Scaling::Mxfp4);
+    const auto weights = ex.device();
+    const int64_t E = shape.experts, H = shape.hidden;
+    std::vector<float> norm_weight(static_cast<size_t>(H));
+    for (auto& v : norm_weight) v = 0.5f + rng.uniform();
+    std::vector<uint16_t> router(size_t(E * H));
+    for (auto& v : router) v = f32_to_bf16(0.2f * (rng.uniform() - 0.5f));
+    for (int64_t e : {int64_t(5), E - 1})  // ties with rows 3 and 0
+      std::copy_n(router.begin() + (e == 5 ? 3 : 0) * H, H, router.begin() + e * H);
+    std::vector<float> bias(static_cast<size_t>(E));
+    for (auto& v : bias) v = 0.1f * rng.uniform();
+    const auto d_norm = to_device(norm_weight), d_router = to_device(router), d_bias = to_device(bias);
+    for (int trial = 0; trial < 4; ++trial) {
+      SCOPED_TRACE("E=" + std::to_string(E) + " H=" + std::to_string(H) + " trial " + std::to_string(trial));
+      std::vector<float> residual(static_cast<size_t>(H));
+      for (auto& v : residual) v = (rng.uniform() - 0.5f) * float(1 << (4 * trial));
+      const size_t ws_bytes = cuda::moe_quantized_workspace_bytes(1, shape.k, E, H, shape.intermediate);
+      cuda::DeviceBuffer workspace(ws_bytes), d_logits(size_t(E) * 4), d_scratch(size_t(H) * 4);
+      std::vector<float> out[2], route_weights[2];
+      std::vector<int32_t> ids[2];
+      std::vector<uint16_t> h[2];
+      for (int one_launch = 0; one_launch < 2; ++one_launch) {
+        cuda::allow_fused_routing(one_launch == 1);
+        auto d_residual = to_device(residual);
+        cuda::DeviceBuffer d_h(size_t(H) * 2), d_ids(size_t(shape.k) * 4), d_w(size_t(shape.k) * 4);
+        cuda::memset_device(d_h.get(), 0xff, d_h.bytes());
+        cuda::memset_device(workspace.get(), 0xff, ws_bytes);
+        cuda::NextNorm next{d_norm.get<float>(), 1e-5f, nullptr};
+        next.may_defer = true;
+        const cuda::MoeRouterInput in{d_residual.get<float>(), d_norm.get<float>(), 1e-5f, d_router.get<uint16_t>(),
+                                      trial % 2 == 0 ? d_bias.get<float>() : nullptr};
+        EXPECT_EQ(cuda::moe_routes_in_one_launch(weights, in, 1, shape.k, d_h.get<uint16_t>(), &next), one_launch == 1);
+        cuda::moe_quantized_from_residual(weights, in, 1, shape.k, d_h.get<uint16_t>(), d_scratch.get<float>(),
+                                          d_logits.get<float>(), d_ids.get<int32_t>(), d_w.get<float>(),
+                                          workspace.get(), ws_bytes, nullptr, &next);
+        out[one_launch] = to_host<float>(d_residual, residual.size());
+        ids[one_launch] = to_host<int32_t>(d_ids, size_t(shape.k));
+        route_weights[one_launch] = to_host<float>(d_w, size_t(shape.k));
+        h[one_launch] = to_host<uint16_t>(d_h, size_t(H));
+      }
+      cuda::allow_fused_routing(true);
+      EXPECT_EQ(ids[0], ids[1]);
+      EXPECT_EQ(std::memcmp(route_weights[0].data(), route_weights[1].data(), route_weights[0].size() * 4), 0);
+      EXPECT_EQ(h[0], h[1]);
+      int64_t differ = 0;
+      for (size_t i = 0; i < out[0].size(); ++i) differ += std::memcmp(&out[0][i], &out[1][i], 4) != 0 ? 1 : 0;
+      EXPECT_EQ(differ, 0) << "first values " << out[0][0] << " vs " << out[1][0];
+    }
+  }
+}
+
 TEST(CudaMoe, GptOss20bShapesWithSpeed) { time_gpt_oss_20b_shapes(Scaling::Mxfp4, 23, {1, 8, 64, 2048}); }
 
 // NVFP4 experts through both paths, with E4M3 block scales (subnormal and zero ones included) and

@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "models/cuda_support.h"
 #include "support/device_vectors.h"
+#include "support/one_layer_cache.h"
 
 namespace anvil {
 namespace {
@@ -98,16 +99,8 @@ void check_attention(const AttentionCase& c, uint32_t seed, cuda::KvDtype dtype 
   KvGroupStorage gpu_cache({1, total_blocks, block, c.kv_heads, c.head_dim, KvDevice::Cuda, dtype});
   const auto sinks = random_values(size_t(c.heads), rng, 2.0f);
   const auto d_sinks = to_device(sinks);
-  KvLayout layout;
-  layout.kv_heads = c.kv_heads;
-  layout.head_dim = c.head_dim;
-  layout.group_layers = {1};
-  layout.group_window = {c.window};
-  layout.layer_group = {0};
-  layout.layer_slot = {0};
-  ModelConfig config;
-  config.vocab_size = 1;
-  config.max_position_embeddings = 4096;
+  const KvLayout layout = test::one_layer_layout(c.kv_heads, c.head_dim, c.window);
+  const ModelConfig config = test::positions_only_config(4096);
 
   for (int phase = 0; phase < 2; ++phase) {
     StepBatch batch;

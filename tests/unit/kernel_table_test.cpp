@@ -50,5 +50,23 @@ TEST(KernelTable, WideDecodeAttentionOnlyOnTheMeasuredRow) {
   expect_family_only_on_sm90(cuda::kDecodeAttentionBlockOp, cuda::kDecodeAttentionWide);
 }
 
+// Every row names a family for `op`, and none names `unmeasured`.
+void expect_family_on_no_row(const std::string& op, const std::string& unmeasured) {
+  for (const auto& row : cuda::kernel_table()) {
+    SCOPED_TRACE(std::to_string(row.major) + "." + std::to_string(row.minor) + " " + op);
+    const std::string family = family_of(row, op);
+    EXPECT_FALSE(family.empty()) << "no family named";
+    EXPECT_NE(family, unmeasured);
+  }
+}
+
+// Batch 1's norm, router and picks in one cluster launch, and the decode RoPE inside the attention:
+// built but not yet measured on any GPU, so no row picks them (SM90 is where to measure first).
+TEST(KernelTable, UnmeasuredFusionsOnNoRow) {
+  if (!cuda::compiled_in()) return;
+  expect_family_on_no_row(cuda::kMoeBatch1RouteOp, cuda::kMoeBatch1RouteCluster);
+  expect_family_on_no_row(cuda::kDecodeRopeOp, cuda::kDecodeRopeInAttention);
+}
+
 }  // namespace
 }  // namespace anvil

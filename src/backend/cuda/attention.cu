@@ -439,16 +439,33 @@ int64_t decode_kernel_warps(bool mma, KvDtype dtype, int64_t head_dim) {
   return decode_warps(dtype);
 }
 
-template <int D, int G, typename Out, int W = kMmaDecodeWarps<D>>
-void launch_mma_decode_warps(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
-                             const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits,
-                             cudaStream_t stream) {
-  constexpr auto kernel = decode_attention_mma_kernel<D, G, Out, W>;
+template <int D, int G, typename Out, int W, bool kRope>
+void launch_mma_decode_kernel(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                              const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits,
+                              const DecodeRope& rope, cudaStream_t stream) {
+  constexpr auto kernel = decode_attention_mma_kernel<D, G, Out, W, kRope>;
   constexpr size_t smem = mma_decode_smem_bytes<D, G, W>();
   allow_smem<kernel>(smem);
   const dim3 grid(unsigned(batch.num_sequences), unsigned(shape.num_kv_heads), unsigned(splits));
-  launch_chained(kernel, grid, W * 32, smem, stream, batch, shape, q, cache, out, partials, tickets, splits);
+  launch_chained(kernel, grid, W * 32, smem, stream, batch, shape, q, cache, out, partials, tickets, splits, rope);
   ANVIL_CUDA_LAUNCHED();
+}
+
+// rope.qkv set: the kernel makes the step's RoPE and KV write itself (head_dim 64 only, where
+// decode_rope_in_attention allows it).
+template <int D, int G, typename Out, int W = kMmaDecodeWarps<D>>
+void launch_mma_decode_warps(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
+                             const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits,
+                             const DecodeRope& rope, cudaStream_t stream) {
+  if constexpr (D == kMmaDecodeWideHeadDim) {
+    if (rope.qkv != nullptr)
+      return launch_mma_decode_kernel<D, G, Out, W, true>(batch, shape, q, cache, out, partials, tickets, splits, rope,
+                                                          stream);
+  }
+  if (rope.qkv != nullptr)
+    throw_cuda_error("paged_attention: RoPE inside the attention needs head_dim 64", int(cudaErrorInvalidValue),
+                     __FILE__, __LINE__);
+  launch_mma_decode_kernel<D, G, Out, W, false>(batch, shape, q, cache, out, partials, tickets, splits, rope, stream);
 }
 
 // Whether this GPU's kernel-table row runs head_dim 64 decode in one 20-warp block per KV head
@@ -463,26 +480,26 @@ int64_t decode_context_keys(const AttentionBatch& batch, const AttentionShape& s
 template <int D, int G, typename Out>
 void launch_mma_decode(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
                        const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits,
-                       cudaStream_t stream) {
+                       const DecodeRope& rope, cudaStream_t stream) {
   if constexpr (D == kMmaDecodeWideHeadDim) {
     const int wide_splits = decode_attention_wide_splits(batch, shape, cache, splits, current_multiprocessors());
     if (wide_splits > 0 && wide_decode_blocks())
       return launch_mma_decode_warps<D, G, Out, kMmaDecodeWideWarps>(batch, shape, q, cache, out, partials, tickets,
-                                                                     wide_splits, stream);
+                                                                     wide_splits, rope, stream);
   }
-  launch_mma_decode_warps<D, G, Out>(batch, shape, q, cache, out, partials, tickets, splits, stream);
+  launch_mma_decode_warps<D, G, Out>(batch, shape, q, cache, out, partials, tickets, splits, rope, stream);
 }
 
 template <int D, int G, typename Out>
 void dispatch_decode_kv(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
                         const KvLayerCache& cache, Out* out, float* partials, int* tickets, int splits, bool mma,
-                        cudaStream_t stream) {
+                        const DecodeRope& rope, cudaStream_t stream) {
   if constexpr (std::is_same_v<Out, float>) {
     if (cache.dtype == KvDtype::F32)
       return launch_decode<D, G, KvDtype::F32>(batch, shape, q, cache, out, partials, tickets, splits, stream);
   } else {
     if constexpr (kMmaDecodeHeadDim<D>) {
-      if (mma) return launch_mma_decode<D, G>(batch, shape, q, cache, out, partials, tickets, splits, stream);
+      if (mma) return launch_mma_decode<D, G>(batch, shape, q, cache, out, partials, tickets, splits, rope, stream);
     }
     if (cache.dtype == KvDtype::BF16)
       return launch_decode<D, G, KvDtype::BF16>(batch, shape, q, cache, out, partials, tickets, splits, stream);
@@ -494,16 +511,22 @@ void dispatch_decode_kv(const AttentionBatch& batch, const AttentionShape& shape
 
 template <int D, typename Out>
 void dispatch_decode(const AttentionBatch& batch, const AttentionShape& shape, const float* q, const KvLayerCache& cache,
-                     Out* out, float* partials, int* tickets, int splits, bool mma, cudaStream_t stream) {
+                     Out* out, float* partials, int* tickets, int splits, bool mma, const DecodeRope& rope,
+                     cudaStream_t stream) {
   const int64_t group = shape.num_heads / shape.num_kv_heads;
-  if (group <= 2) return dispatch_decode_kv<D, 2>(batch, shape, q, cache, out, partials, tickets, splits, mma, stream);
-  if (group <= 4) return dispatch_decode_kv<D, 4>(batch, shape, q, cache, out, partials, tickets, splits, mma, stream);
-  dispatch_decode_kv<D, 8>(batch, shape, q, cache, out, partials, tickets, splits, mma, stream);
+  if (group <= 2)
+    return dispatch_decode_kv<D, 2>(batch, shape, q, cache, out, partials, tickets, splits, mma, rope, stream);
+  if (group <= 4)
+    return dispatch_decode_kv<D, 4>(batch, shape, q, cache, out, partials, tickets, splits, mma, rope, stream);
+  dispatch_decode_kv<D, 8>(batch, shape, q, cache, out, partials, tickets, splits, mma, rope, stream);
 }
 
+// rope.qkv set (decode_rope_in_attention said so): the decode kernel makes the step's RoPE and KV
+// write itself.
 template <typename Out>
 void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
-                          const KvLayerCache& cache, Out* out, void* workspace, size_t workspace_bytes, Stream stream) {
+                          const KvLayerCache& cache, Out* out, void* workspace, size_t workspace_bytes, Stream stream,
+                          const DecodeRope& rope = {}) {
   if (batch.num_rows == 0) return;
   if (shape.num_kv_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0)
     throw_cuda_error("paged_attention: num_heads must be a multiple of num_kv_heads", int(cudaErrorInvalidValue), __FILE__, __LINE__);
@@ -522,15 +545,21 @@ void paged_attention_impl(const AttentionBatch& batch, const AttentionShape& sha
 
   if (batch.max_new_tokens == 1 && batch.num_rows == batch.num_sequences && group <= kDecodeMaxGroup) {
     const bool mma = decode_attention_on_tensor_cores(batch, shape, cache);
+    if (rope.qkv != nullptr && !mma)
+      throw_cuda_error("paged_attention: RoPE inside the attention needs the tensor-core decode kernel",
+                       int(cudaErrorInvalidValue), __FILE__, __LINE__);
     int splits = decode_attention_splits(batch, shape, cache, mma, current_multiprocessors());
     if (splits > 1 && partial_bytes(batch.num_rows, shape.num_heads, shape.head_dim, splits) > partials_room) splits = 1;
     switch (shape.head_dim) {
-      case 32: return dispatch_decode<32>(batch, shape, q, cache, out, partials, tickets, splits, mma, s);
-      case 64: return dispatch_decode<64>(batch, shape, q, cache, out, partials, tickets, splits, mma, s);
-      default: return dispatch_decode<128>(batch, shape, q, cache, out, partials, tickets, splits, mma, s);
+      case 32: return dispatch_decode<32>(batch, shape, q, cache, out, partials, tickets, splits, mma, rope, s);
+      case 64: return dispatch_decode<64>(batch, shape, q, cache, out, partials, tickets, splits, mma, rope, s);
+      default: return dispatch_decode<128>(batch, shape, q, cache, out, partials, tickets, splits, mma, rope, s);
     }
   }
 
+  if (rope.qkv != nullptr)
+    throw_cuda_error("paged_attention: RoPE inside the attention is for decode steps", int(cudaErrorInvalidValue),
+                     __FILE__, __LINE__);
   // Split the context when the grid would leave most multiprocessors idle (decode) and each split
   // still gets a few key tiles.
   int splits = 1;
@@ -607,6 +636,25 @@ void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, c
                      const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,
                      Stream stream) {
   paged_attention_impl(batch, shape, q, cache, out, workspace, workspace_bytes, stream);
+}
+
+bool decode_rope_in_attention(const AttentionBatch& batch, const AttentionShape& shape, const KvLayerCache& cache) {
+  return batch.num_rows > 0 && batch.max_new_tokens == 1 && batch.num_rows == batch.num_sequences &&
+         shape.head_dim == kMmaDecodeWideHeadDim && shape.num_kv_heads > 0 && shape.num_heads % shape.num_kv_heads == 0 &&
+         shape.num_heads / shape.num_kv_heads <= kDecodeMaxGroup && decode_attention_on_tensor_cores(batch, shape, cache) &&
+         rope_in_attention_allowed() && current_device_runs(kDecodeRopeOp, kDecodeRopeInAttention);
+}
+
+void rope_then_attention(const float* qkv, const AttentionBatch& batch, const AttentionShape& shape,
+                         const int32_t* positions, const float* inv_freq, float mscale, float* q,
+                         const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,
+                         Stream stream) {
+  if (!decode_rope_in_attention(batch, shape, cache)) {
+    split_qkv_rope_to_cache(qkv, batch, shape, positions, inv_freq, mscale, q, cache, stream);
+    return paged_attention(batch, shape, q, cache, out, workspace, workspace_bytes, stream);
+  }
+  paged_attention_impl(batch, shape, q, cache, out, workspace, workspace_bytes, stream,
+                       DecodeRope{qkv, positions, inv_freq, mscale});
 }
 
 void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,

@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/attention_decode.cuh"
+#include "backend/cuda/rope.cuh"
 
 namespace anvil::cuda::attn {
 
@@ -84,12 +85,24 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t& hi, uin
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
+// A decode step's RoPE and KV write made by the attention itself (kRope), in place of
+// split_qkv_rope_cache_kernel before it: one launch fewer per layer. q and the newest key come
+// rotated from the qkv product's float32 output, with the RoPE kernel's own rotation (rope.cuh),
+// and the warp that takes the newest key also stores it and its value into the cache, so the
+// values, the cache and the output are the two kernels' bit for bit.
+struct DecodeRope {
+  const float* qkv = nullptr;  // [rows][heads + 2 kv heads][D]: q, k, v heads
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;  // [D / 2]
+  float mscale = 1.0f;
+};
+
 // partials, tickets, splits and the split rule: as decode_attention_kernel. G: the group rounded
 // up to 2, 4 or 8 (the products always run 8 head columns; the padding heads have q = 0).
-template <int D, int G, typename Out, int W = kMmaDecodeWarps<D>>
+template <int D, int G, typename Out, int W = kMmaDecodeWarps<D>, bool kRope = false>
 __global__ void __launch_bounds__(W * 32)
     decode_attention_mma_kernel(AttentionBatch batch, AttentionShape shape, const float* q, KvLayerCache cache,
-                                Out* out, float* partials, int* tickets, int splits) {
+                                Out* out, float* partials, int* tickets, int splits, DecodeRope rope) {
   static_assert(kMmaDecodeHeadDim<D> && G <= 8, "head_dim 64 or 128, at most 8 query heads per KV head");
   constexpr int kWarps = W, kSteps = D / 16, kRowChunks = D / 8;
   __shared__ float max_s[kWarps][G], sum_s[kWarps][G];
@@ -127,6 +140,56 @@ __global__ void __launch_bounds__(W * 32)
       gemm::cp_async_16(values_s + offset, v_row + chunk * 8, mapped);
     }
   };
+  // kRope: lane i's rotation of pair (i, i + D / 2) (and of i + 32 for D = 128), made before the
+  // wait from the step's positions (uploaded before the step began).
+  constexpr int kTurns = D / 64, kHalf = D / 2;
+  RopeTurn turn[kTurns] = {};
+  const int64_t qkv_row = int64_t(row) * (shape.num_heads + 2 * shape.num_kv_heads) * D;
+  if constexpr (kRope) {
+    const float position = float(rope.positions[row]);
+#pragma unroll
+    for (int u = 0; u < kTurns; ++u) turn[u] = rope_turn(position, rope.inv_freq[lane + 32 * u], rope.mscale);
+  }
+  // The newest key and value of chunk c, if it holds them (warp-uniform): copied from the cache, or
+  // (kRope) rotated from the qkv output into the warp's rows and stored into the cache, or zeros
+  // where its block is unmapped (as the RoPE kernel then stores nothing and copy_rows zero-fills).
+  auto newest_rows = [&](int c) {
+    if constexpr (!kRope) {
+      copy_rows(c, true);
+    } else {
+      const int key0 = first_key + c * kDecodeKeys;
+      if (pos < key0 || pos >= key0 + kDecodeKeys) return;
+      const int key = pos - key0, block = table[pos / block_size];
+      const float* k_in = rope.qkv + qkv_row + (shape.num_heads + kv_head) * D;
+      const float* v_in = k_in + shape.num_kv_heads * D;
+      const int64_t at = (int64_t(block) * block_size + pos % block_size) * kv_stride + int64_t(kv_head) * D;
+      uint8_t* const key_row = rows_s + size_t(warp) * 2 * kDecodeKeys * D * 2;
+      uint8_t* const value_row = key_row + kDecodeKeys * D * 2;
+#pragma unroll
+      for (int u = 0; u < kTurns; ++u) {
+        const int j = lane + 32 * u;
+        const float x0 = k_in[j], x1 = k_in[j + kHalf];
+        const float k0 = rope_first(x0, x1, turn[u]), k1 = rope_second(x0, x1, turn[u]);
+        const float v0 = v_in[j], v1 = v_in[j + kHalf];
+        const uint16_t bits[4] = {
+            block >= 0 ? __bfloat16_as_ushort(__float2bfloat16_rn(k0)) : uint16_t(0),
+            block >= 0 ? __bfloat16_as_ushort(__float2bfloat16_rn(k1)) : uint16_t(0),
+            block >= 0 ? __bfloat16_as_ushort(__float2bfloat16_rn(v0)) : uint16_t(0),
+            block >= 0 ? __bfloat16_as_ushort(__float2bfloat16_rn(v1)) : uint16_t(0)};
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int d = j + e * kHalf;
+          const size_t offset = size_t((key * kRowChunks + mma_decode_chunk(key, d / 8)) * 16 + (d % 8) * 2);
+          *reinterpret_cast<uint16_t*>(key_row + offset) = bits[e];
+          *reinterpret_cast<uint16_t*>(value_row + offset) = bits[2 + e];
+          if (block >= 0) {
+            static_cast<uint16_t*>(cache.keys)[at + d] = bits[e];
+            static_cast<uint16_t*>(cache.values)[at + d] = bits[2 + e];
+          }
+        }
+      }
+    }
+  };
   const int first_chunk = chunk_lo + warp;
   if (first_chunk < chunk_hi) copy_rows(first_chunk, false);
   __shared__ float sink_s[G];
@@ -136,18 +199,41 @@ __global__ void __launch_bounds__(W * 32)
   release_dependents();
   // The newest key (its predecessor's write) is copied before q is loaded, so the two reads of the
   // predecessor's output overlap instead of following one another: q's loads are used at once.
-  if (first_chunk < chunk_hi) copy_rows(first_chunk, true);
+  if (first_chunk < chunk_hi) newest_rows(first_chunk);
 
   // Qᵀ as the scores' B operand: lane (g, t) holds head g's dims 16s + 2t + {0, 1, 8, 9}.
   uint32_t q_hi[kSteps][2], q_lo[kSteps][2];
   {
-    const float* q_head = q + int64_t(row) * q_stride + (int64_t(kv_head) * group + g) * D;
+    const float* q_head = kRope ? rope.qkv + qkv_row + (int64_t(kv_head) * group + g) * D
+                                : q + int64_t(row) * q_stride + (int64_t(kv_head) * group + g) * D;
+    float qv[kSteps][4];
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       const float2 a = g < group ? *reinterpret_cast<const float2*>(q_head + 16 * s + 2 * t) : make_float2(0.f, 0.f);
       const float2 b = g < group ? *reinterpret_cast<const float2*>(q_head + 16 * s + 2 * t + 8) : make_float2(0.f, 0.f);
-      split_bf16x2(a.x, a.y, q_hi[s][0], q_lo[s][0]);
-      split_bf16x2(b.x, b.y, q_hi[s][1], q_lo[s][1]);
+      qv[s][0] = a.x, qv[s][1] = a.y, qv[s][2] = b.x, qv[s][3] = b.y;
+    }
+    if constexpr (kRope) {
+      // Dim j = 16s + 2t + {0, 1, 8, 9} (s in the first half) pairs with j + D / 2, step s + kSteps / 2;
+      // its rotation is lane j % 32's turn j / 32 (= s / 2 for the whole warp).
+#pragma unroll
+      for (int s = 0; s < kSteps / 2; ++s)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = 16 * s + 2 * t + (e & 1) + (e >= 2 ? 8 : 0);
+          const RopeTurn tj{__shfl_sync(0xffffffffu, turn[s / 2].c, j % 32),
+                            __shfl_sync(0xffffffffu, turn[s / 2].s, j % 32)};
+          const float x0 = qv[s][e], x1 = qv[s + kSteps / 2][e];
+          if (g < group) {
+            qv[s][e] = rope_first(x0, x1, tj);
+            qv[s + kSteps / 2][e] = rope_second(x0, x1, tj);
+          }
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      split_bf16x2(qv[s][0], qv[s][1], q_hi[s][0], q_lo[s][0]);
+      split_bf16x2(qv[s][2], qv[s][3], q_hi[s][1], q_lo[s][1]);
     }
   }
 
@@ -161,7 +247,7 @@ __global__ void __launch_bounds__(W * 32)
   for (int c = first_chunk; c < chunk_hi; c += kWarps) {
     if (c != first_chunk) {
       copy_rows(c, false);
-      copy_rows(c, true);
+      newest_rows(c);
     }
     gemm::cp_async_commit();
     gemm::cp_async_wait<0>();

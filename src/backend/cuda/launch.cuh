@@ -29,20 +29,36 @@ __device__ __forceinline__ void release_dependents() {
 #endif
 }
 
+// launch_chained (below) with the grid's blocks in clusters of cluster_x along x (compute capability
+// 9.0 and later; grid.x a multiple of it): a cluster's blocks run at once, on one GPC, and can read
+// and write each other's shared memory.
 template <typename... Params, typename... Args>
-void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
-                    Args&&... args) {
+void launch_chained_cluster(void (*kernel)(Params...), dim3 grid, unsigned cluster_x, dim3 block,
+                            size_t shared_bytes, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1] = {};
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute[2] = {};
+  unsigned count = 0;
+  if (chained_launch_enabled()) {
+    attribute[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_x > 1) {
+    attribute[count].id = cudaLaunchAttributeClusterDimension;
+    attribute[count++].val.clusterDim = {cluster_x, 1, 1};
+  }
   config.attrs = attribute;
-  config.numAttrs = chained_launch_enabled() ? 1 : 0;
+  config.numAttrs = count;
   ANVIL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                    Args&&... args) {
+  launch_chained_cluster(kernel, grid, 1, block, shared_bytes, stream, std::forward<Args>(args)...);
 }
 
 // Dynamic shared memory above 48 KB must be granted per kernel and device, once; callers pass the

@@ -43,7 +43,8 @@ struct ExpertProduct {
   float* out = nullptr;               // down output
   bool silu = false;                  // gate_up: silu(gate) · up instead of gpt-oss's clamped SwiGLU
   float limit = 0.0f, alpha = 0.0f;   // the clamped SwiGLU's
-  bool single_row = false;            // A has one row (batch 1): gate_up's token is row 0
+  // gate_up's A is one row (batch 1) written two kernels back: its token may be read before the wait
+  bool token_before_wait = false;
 };
 
 }  // namespace anvil::cuda::moe

@@ -175,10 +175,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
     __syncwarp();
     return shift;
   };
-  // gate_up's token for a one-row call is row 0 of h, which the kernel two back in the chain wrote:
-  // the routing kernel waited for it before it released this grid, so it is staged before this
-  // grid's own wait, off the path after the routing.
-  const bool token_early = kGateUp && p.single_row;
+  // gate_up's token for a one-row call is row 0 of h, which (token_before_wait) the kernel two back
+  // in the chain wrote: the routing kernel waited for it before it released this grid, so it is
+  // staged before this grid's own wait, off the path after the routing.
+  const bool token_early = kGateUp && p.token_before_wait;
   const int early_shift = token_early ? stage_token(0, true) : 0;
 
   // Ordering against the neighbouring grids as moe_decode_kernel's.

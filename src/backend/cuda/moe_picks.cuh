@@ -20,14 +20,16 @@ struct WarpPick {
 // is on the critical path (~1.9 us for the shuffle version on an H200,
 // docs/perf/logs/h200/routing-one-row/). Logits are read through L2 (ld.cg): the caller may run
 // on an SM whose L1 holds an earlier layer's.
-__device__ __forceinline__ WarpPick pick_experts(const float* __restrict__ row_logits, int num_experts, int k) {
+// logit(e) gives expert e's logit (e < num_experts).
+template <typename Logit>
+__device__ __forceinline__ WarpPick pick_experts_by(Logit&& logit, int num_experts, int k) {
   constexpr int kPerLane = kMaxExperts / 32;
   const int lane = threadIdx.x % 32;
   uint32_t keys[kPerLane];
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int e = lane + 32 * j;
-    keys[j] = e < num_experts ? order_key(__ldcg(row_logits + e)) : 0u;
+    keys[j] = e < num_experts ? order_key(logit(e)) : 0u;
   }
   uint32_t taken = 0;  // bit j: this lane's expert lane + 32 j is picked (or does not exist)
 #pragma unroll
@@ -59,6 +61,47 @@ __device__ __forceinline__ WarpPick pick_experts(const float* __restrict__ row_l
   float sum = 0.0f;
   for (int q = 0; q < k; ++q) sum += __shfl_sync(0xffffffffu, e, q);
   return {mine, e / sum};
+}
+
+__device__ __forceinline__ WarpPick pick_experts(const float* __restrict__ row_logits, int num_experts, int k) {
+  return pick_experts_by([&](int e) { return __ldcg(row_logits + e); }, num_experts, k);
+}
+
+// One row's routing tables from its warp's picks (a batch-1 decode step): its k picks are distinct
+// experts, so the tables are direct (active index y = the pick with the y-th smallest id, one slot
+// each) and need no counting, scan or barrier; the same tables moe_route_kernel writes for that
+// row. Called by the whole warp.
+__device__ __forceinline__ void write_one_row_routing(const WarpPick& mine, int num_experts, int k, const Routing& r,
+                                                      int32_t* __restrict__ ids, float* __restrict__ route_weights) {
+  constexpr int kPerLane = kMaxExperts / 32 + 1;  // offsets has num_experts + 1 entries
+  const int lane = threadIdx.x % 32;
+  int rank = 0;               // of this lane's pick among the picks, by expert id
+  int before[kPerLane] = {};  // picks with an id below expert lane + 32 j
+  for (int q = 0; q < k; ++q) {
+    const int id = __shfl_sync(0xffffffffu, mine.expert, q);
+    rank += id < mine.expert ? 1 : 0;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) before[j] += id < lane + 32 * j ? 1 : 0;
+  }
+  if (lane < k) {
+    ids[lane] = mine.expert;
+    route_weights[lane] = mine.weight;
+    r.active[rank] = mine.expert;
+    r.active_range[2 * rank] = rank;
+    r.active_range[2 * rank + 1] = 1;
+    r.sorted_slot[rank] = lane;
+  }
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    if (e <= num_experts) r.offsets[e] = before[j];
+    if (e >= k && e < num_experts) r.active[e] = -1;
+  }
+  if (lane == 0) {
+    r.header[kTotalSlots] = k;
+    r.header[kNumTiles] = 0;
+    r.header[kNumActive] = k;
+  }
 }
 
 }  // namespace anvil::cuda::moe

@@ -24,6 +24,7 @@
 #include "backend/cuda/moe_down_sum_f16.cuh"
 #include "backend/cuda/moe_gemm.cuh"
 #include "backend/cuda/moe_common.cuh"
+#include "backend/cuda/moe_norm_route.cuh"
 #include "backend/cuda/moe_picks.cuh"
 #include "backend/cuda/mxfp4_f16_layout.h"
 #include "backend/cuda/ops.h"
@@ -178,10 +179,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   }
 }
 
-// One row from its logits (a batch-1 decode step), by one warp: its k picks are distinct experts,
-// so the tables are direct (active index y = the pick with the y-th smallest id, one slot each)
-// and need no counting, scan or barrier; the same tables moe_route_kernel writes for that row.
-// Measured on an H200 (gpt-oss-20b, batch 1): 2.2 us of the chain per layer against 3.7 for
+// One row from its logits (a batch-1 decode step), by one warp, with no counting, scan or barrier
+// (write_one_row_routing). Measured on an H200 (gpt-oss-20b, batch 1): 2.2 us of the chain per layer against 3.7 for
 // moe_route_kernel<8> (docs/perf/logs/h200/routing-one-row/). The expert kernels still read
 // tables: making the picks in every gate_up / down warp instead, with no routing kernel, was
 // slower (same folder).
@@ -190,36 +189,7 @@ __global__ void __launch_bounds__(32)
                              int32_t* __restrict__ ids, float* __restrict__ route_weights) {
   wait_for_predecessor();
   release_dependents();
-  constexpr int kPerLane = kMaxExperts / 32 + 1;  // offsets has num_experts + 1 entries
-  const int lane = threadIdx.x;
-  const WarpPick mine = pick_experts(logits, num_experts, k);
-  int rank = 0;                  // of this lane's pick among the picks, by expert id
-  int before[kPerLane] = {};     // picks with an id below expert lane + 32 j
-  for (int q = 0; q < k; ++q) {
-    const int id = __shfl_sync(0xffffffffu, mine.expert, q);
-    rank += id < mine.expert ? 1 : 0;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) before[j] += id < lane + 32 * j ? 1 : 0;
-  }
-  if (lane < k) {
-    ids[lane] = mine.expert;
-    route_weights[lane] = mine.weight;
-    r.active[rank] = mine.expert;
-    r.active_range[2 * rank] = rank;
-    r.active_range[2 * rank + 1] = 1;
-    r.sorted_slot[rank] = lane;
-  }
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int e = lane + 32 * j;
-    if (e <= num_experts) r.offsets[e] = before[j];
-    if (e >= k && e < num_experts) r.active[e] = -1;
-  }
-  if (lane == 0) {
-    r.header[kTotalSlots] = k;
-    r.header[kNumTiles] = 0;
-    r.header[kNumActive] = k;
-  }
+  write_one_row_routing(pick_experts(logits, num_experts, k), num_experts, k, r, ids, route_weights);
 }
 
 // ---- combine ----
@@ -531,11 +501,21 @@ size_t moe_quantized_workspace_bytes(int64_t max_rows, int k, int64_t num_expert
 
 namespace {
 
+// Batch 1 of MXFP4 experts, four per token, picked here (so four distinct valid experts: the
+// kernel takes one token per active expert), where the caller can make the next norm itself:
+// down adds the experts' sum into the residual (moe_down_sum_f16.cuh) and no combine runs.
+bool takes_sum_in_down(const QuantizedExperts& w, int64_t m, int k, bool picks_here, const NextNorm* next_norm) {
+  return m == 1 && k == kSumExperts && w.format == ExpertFormat::MXFP4 && picks_here && next_norm != nullptr &&
+         next_norm->may_defer && !moe_quantized_takes_gemm(m, k, w.num_experts, w.hidden, w.intermediate) &&
+         current_device_runs(kMoeBatch1SumOp, kMoeBatch1SumInDown);
+}
+
 // router_logits null: ids and route_weights are the caller's routing, only read. Otherwise they
-// are written here first (moe_quantized_from_logits).
+// are written here first (moe_quantized_from_logits). fused: the norm, router and picks are made
+// here too, in one launch (moe_routes_in_one_launch said so; router_logits is then unused).
 bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k, const float* router_logits,
                         int32_t* ids, float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
-                        Stream stream, const NextNorm* next_norm) {
+                        Stream stream, const NextNorm* next_norm, const MoeRouterInput* fused = nullptr) {
   const int64_t E = w.num_experts, H = w.hidden, I = w.intermediate;
   if (E < 1 || E > kMaxExperts) invalid("moe_quantized: 1..256 experts");
   if (H < 32 || I < 32 || H % 32 != 0 || I % 32 != 0) invalid("moe_quantized: hidden and intermediate must be multiples of 32");
@@ -576,8 +556,27 @@ bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   const bool use_gemm = moe_quantized_takes_gemm(m, k, E, H, I);
   const int tile_rows = !use_gemm ? 0 : slots >= 64 * E ? 128 : 64;
 
+  const bool sum_in_down = takes_sum_in_down(w, m, k, router_logits != nullptr, next_norm);
+  if (fused != nullptr && !sum_in_down) invalid("moe_quantized: one-launch routing without the sum in down");
   const bool topk_here = router_logits != nullptr && m <= kTopkInRouteRows;
-  if (router_logits != nullptr && m == 1 && !use_gemm) {
+  if (fused != nullptr) {
+    NormRoute a;
+    a.x = fused->residual;
+    a.norm_weight = fused->norm_weight;
+    a.eps = fused->eps;
+    a.router = fused->router;
+    a.bias = fused->router_bias;
+    a.dim = int(H);
+    a.experts = int(E);
+    a.k = k;
+    a.h = const_cast<uint16_t*>(h);  // the experts' input, made here
+    a.ids = ids;
+    a.route_weights = route_weights;
+    const size_t smem = norm_route_smem_bytes(int(E) / kRouteCluster, int(H));
+    allow_smem<moe_norm_route_one_row_kernel>(norm_route_smem_bytes(kRouteBlockExperts, kRouteMaxDim));
+    launch_chained_cluster(moe_norm_route_one_row_kernel, dim3(kRouteCluster), kRouteCluster,
+                           dim3(kRouteGroups * kRouteGroupThreads), smem, s, a, r);
+  } else if (router_logits != nullptr && m == 1 && !use_gemm) {
     launch_chained(moe_route_one_row_kernel, 1, 32, 0, s, router_logits, int(E), k, r, ids, route_weights);
   } else {
     if (router_logits != nullptr && !topk_here) moe_topk_softmax(router_logits, m, E, k, ids, route_weights, stream);
@@ -603,7 +602,8 @@ bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   gate_up.top_k = k;
   gate_up.act = act;
   gate_up.limit = w.swiglu_limit;
-  gate_up.single_row = m == 1;
+  // At batch 1 h comes from the norm + router kernel, unless the routing is made in that launch.
+  gate_up.token_before_wait = m == 1 && fused == nullptr;
   gate_up.alpha = w.swiglu_alpha;
   ExpertProduct down;
   down.a = act;
@@ -638,12 +638,6 @@ bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
       launch_decode_tokens<false, kKind>(m, E, down, r, active_bound, s);
     }
   };
-  // Batch 1 of MXFP4 experts, four per token, picked here (so four distinct valid experts: the
-  // kernel takes one token per active expert), where the caller can make the next norm itself:
-  // down adds the experts' sum into the residual (moe_down_sum_f16.cuh) and no combine runs.
-  const bool sum_in_down = !use_gemm && m == 1 && k == kSumExperts && w.format == ExpertFormat::MXFP4 &&
-                           router_logits != nullptr && next_norm != nullptr && next_norm->may_defer &&
-                           current_device_runs(kMoeBatch1SumOp, kMoeBatch1SumInDown);
   if (sum_in_down) {
     gate_up.a = h;
     launch_decode_tokens<true, Kind::Mxfp4>(m, E, gate_up, r, kSumExperts, s);
@@ -687,6 +681,30 @@ void moe_quantized(const QuantizedExperts& w, const uint16_t* h, int64_t m, int 
   // Without logits the impl only reads them.
   moe_quantized_impl(w, h, m, k, nullptr, const_cast<int32_t*>(ids), const_cast<float*>(route_weights), residual,
                      workspace, workspace_bytes, stream, next_norm);
+}
+
+bool moe_routes_in_one_launch(const QuantizedExperts& w, const MoeRouterInput& in, int64_t m, int k,
+                              const uint16_t* h, const NextNorm* next_norm) {
+  const int64_t E = w.num_experts, H = w.hidden;
+  return takes_sum_in_down(w, m, k, true, next_norm) && E % kRouteCluster == 0 &&
+         E / kRouteCluster <= kRouteBlockExperts && k <= E && H % 8 == 0 && H <= kRouteMaxDim &&
+         in.residual != nullptr && in.norm_weight != nullptr && in.router != nullptr && h != nullptr &&
+         aligned16(in.residual) && aligned16(in.norm_weight) && aligned16(in.router) && aligned16(h) &&
+         fused_routing_allowed() && bulk_copy_kernels_allowed() &&
+         current_device_runs(kMoeBatch1RouteOp, kMoeBatch1RouteCluster);
+}
+
+bool moe_quantized_from_residual(const QuantizedExperts& w, const MoeRouterInput& in, int64_t m, int k, uint16_t* h,
+                                 float* h_f32, float* router_logits, int32_t* ids, float* route_weights,
+                                 void* workspace, size_t workspace_bytes, Stream stream, const NextNorm* next_norm) {
+  if (router_logits == nullptr) invalid("moe_quantized_from_residual: null router_logits");
+  if (moe_routes_in_one_launch(w, in, m, k, h, next_norm))
+    return moe_quantized_impl(w, h, m, k, router_logits, ids, route_weights, in.residual, workspace, workspace_bytes,
+                              stream, next_norm, &in);
+  rms_norm_router(in.residual, m, w.hidden, in.norm_weight, in.eps, in.router, in.router_bias, w.num_experts,
+                  router_logits, h, h_f32, stream);
+  return moe_quantized_impl(w, h, m, k, router_logits, ids, route_weights, in.residual, workspace, workspace_bytes,
+                            stream, next_norm);
 }
 
 bool moe_quantized_from_logits(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k,

@@ -242,6 +242,25 @@ bool moe_quantized_from_logits(const QuantizedExperts& weights, const uint16_t* 
                                void* workspace, size_t workspace_bytes, Stream stream,
                                const NextNorm* next_norm = nullptr);
 
+// The post-attention norm and router that feed the experts, given to moe_quantized_from_residual.
+struct MoeRouterInput {
+  float* residual = nullptr;           // [m, H] float32: normalized here, and the experts add into it
+  const float* norm_weight = nullptr;  // [H]
+  float eps = 0.0f;
+  const uint16_t* router = nullptr;    // [E, H] bf16
+  const float* router_bias = nullptr;  // [E] or null
+};
+
+// rms_norm_router (into h, router_logits; h_f32 its scratch) then moe_quantized_from_logits, with
+// the same results bit for bit; at batch 1, where the kernel table and the shapes allow, the norm,
+// router and picks are one launch (moe_norm_route.cuh; router_logits then stays unwritten).
+bool moe_quantized_from_residual(const QuantizedExperts& weights, const MoeRouterInput& in, int64_t m, int k,
+                                 uint16_t* h, float* h_f32, float* router_logits, int32_t* ids, float* route_weights,
+                                 void* workspace, size_t workspace_bytes, Stream stream, const NextNorm* next_norm);
+// Whether that call makes the norm, router and picks in one launch for these arguments.
+bool moe_routes_in_one_launch(const QuantizedExperts& weights, const MoeRouterInput& in, int64_t m, int k,
+                              const uint16_t* h, const NextNorm* next_norm);
+
 // The same with float32 h, every intermediate float32 and each weight decoded exactly: the
 // float32 compute mode (moe_quantized_f32.cu). One warp per output on CUDA cores.
 size_t moe_quantized_f32_workspace_bytes(int64_t max_rows, int k, int64_t intermediate);
@@ -391,6 +410,17 @@ size_t attention_workspace_bytes(int64_t max_rows, int64_t num_heads, int64_t he
 void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
                      const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,
                      Stream stream);
+
+// split_qkv_rope_to_cache (no q/k norm) then paged_attention with bf16 output, with the same
+// results bit for bit (q, the cache, the output). Decode steps that the tensor-core decode kernel
+// takes (head_dim 64), where the kernel table says so, run as one launch: the attention rotates q
+// and the newest key itself and writes the KV (q is then left unwritten).
+void rope_then_attention(const float* qkv, const AttentionBatch& batch, const AttentionShape& shape,
+                         const int32_t* positions, const float* inv_freq, float mscale, float* q,
+                         const KvLayerCache& cache, uint16_t* out, void* workspace, size_t workspace_bytes,
+                         Stream stream);
+// Whether rope_then_attention runs as one launch for this step.
+bool decode_rope_in_attention(const AttentionBatch& batch, const AttentionShape& shape, const KvLayerCache& cache);
 void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, const float* q,
                      const KvLayerCache& cache, float* out, void* workspace, size_t workspace_bytes,
                      Stream stream);

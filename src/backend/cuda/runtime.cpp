@@ -98,6 +98,12 @@ constexpr const char* kLaunchChained = "programmatic dependent launch (griddepco
 // - sum_in_down: batch 1's MoE sum inside down, measured on an H100 and an H200 (docs/perf/gpu.md,
 //   sessions 27-28); SM120 and Ada hold one of its 60 KB blocks per SM, a third of what it was
 //   measured with.
+// - fused_route: batch 1's norm, router and picks as one cluster launch (clusters: compute
+//   capability 9.0 and later). Built and host-tested in session 30, not yet measured on a GPU, so
+//   no row names it yet; SM90 is the row to measure first (its 92 KB blocks for 128 experts would
+//   not fit beside SM120's neighbouring kernels).
+// - rope_in_attention: the decode step's RoPE and KV write inside the tensor-core decode attention.
+//   Built and host-tested in session 30, not yet measured on a GPU: no row names it yet.
 // - wide_decode_attention: 20-warp decode attention blocks, measured on H100s and an H200
 //   (session 29); they need ~161 KB of shared memory, which SM120, Ada and SM86 cannot give one
 //   block (an A100's 163 KB could hold one; unmeasured there).
@@ -105,6 +111,8 @@ struct RowChoices {
   bool chained_launch = false;
   bool bulk_copy = false;
   bool sum_in_down = false;
+  bool fused_route = false;
+  bool rope_in_attention = false;
   bool wide_decode_attention = false;
 };
 
@@ -119,12 +127,15 @@ std::vector<OpKernel> portable_ops(RowChoices row) {
        "(MXFP4 at batch 1: fp16 mma on the codes, block scales on the fp32 results); bf16 experts through the grouped "
        "GEMM for long prompts"},
       {kMoeBatch1SumOp, row.sum_in_down ? kMoeBatch1SumInDown : "a combine kernel after down (with the next norm)"},
+      {kMoeBatch1RouteOp,
+       row.fused_route ? kMoeBatch1RouteCluster : "a norm + router kernel, then a one-warp routing kernel"},
       {"attention",
        "paged, fp32 online softmax, sinks + window: tiled (prefill), one pass with in-kernel split merge (decode; "
        "mma.sync with a bf16 cache)"},
       {kDecodeAttentionBlockOp, row.wide_decode_attention
                                     ? kDecodeAttentionWide
                                     : "8-warp blocks (4 for head_dim 128), splits merged by the last to finish"},
+      {kDecodeRopeOp, row.rope_in_attention ? kDecodeRopeInAttention : "a RoPE + KV write kernel before the attention"},
       {"norm_rope_embed", "elementwise (fp32)"},
       {kLaunchOp, row.chained_launch ? kLaunchChained : "stream order"},
   };
@@ -217,6 +228,22 @@ static std::atomic<bool>& bulk_copy_allowed() {
 
 void allow_bulk_copy_kernels(bool allowed) { bulk_copy_allowed().store(allowed, std::memory_order_relaxed); }
 bool bulk_copy_kernels_allowed() { return bulk_copy_allowed().load(std::memory_order_relaxed); }
+
+static std::atomic<bool>& fused_routing_switch() {
+  static std::atomic<bool> allowed{on_unless_env_zero("ANVIL_FUSED_ROUTE")};
+  return allowed;
+}
+
+void allow_fused_routing(bool allowed) { fused_routing_switch().store(allowed, std::memory_order_relaxed); }
+bool fused_routing_allowed() { return fused_routing_switch().load(std::memory_order_relaxed); }
+
+static std::atomic<bool>& rope_in_attention_switch() {
+  static std::atomic<bool> allowed{on_unless_env_zero("ANVIL_FUSED_ROPE")};
+  return allowed;
+}
+
+void allow_rope_in_attention(bool allowed) { rope_in_attention_switch().store(allowed, std::memory_order_relaxed); }
+bool rope_in_attention_allowed() { return rope_in_attention_switch().load(std::memory_order_relaxed); }
 
 bool current_device_runs(const std::string& op, const std::string& family) {
   int device = 0;

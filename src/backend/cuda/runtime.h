@@ -92,11 +92,30 @@ inline constexpr const char* kMoeBatch1SumOp = "moe_batch1_sum";
 inline constexpr const char* kMoeBatch1SumInDown =
     "the experts' weighted sum inside down (one warp holds all four experts' rows), no combine kernel";
 
+// Batch 1's post-attention norm, router and expert picks (gpt-oss: MXFP4, four picks, with the sum
+// in down): the family where one cluster launch makes all three (moe_norm_route.cuh), otherwise a
+// norm + router kernel and a one-warp routing kernel. allow_fused_routing(false) (or
+// ANVIL_FUSED_ROUTE=0 at start) turns it off for launches from now on, to compare (tests, A/B).
+inline constexpr const char* kMoeBatch1RouteOp = "moe_route_batch1";
+inline constexpr const char* kMoeBatch1RouteCluster =
+    "norm, router and top-k in one cluster of 8 blocks (logits over distributed shared memory)";
+void allow_fused_routing(bool allowed);
+bool fused_routing_allowed();
+
 // Decode attention's blocks (the tensor-core kernel, head_dim 64): the family where one 20-warp
 // block per KV head takes contexts that 8-warp blocks would split (attention_decode_mma.cuh).
 inline constexpr const char* kDecodeAttentionBlockOp = "attention_decode_block";
 inline constexpr const char* kDecodeAttentionWide =
     "head_dim 64 in one 20-warp block per KV head up to 640 keys (160 KB of shared memory), merged in shared memory";
+
+// A decode step's RoPE and KV write: the family where the tensor-core decode attention makes them
+// itself (head_dim 64, attention_decode_mma.cuh), otherwise a RoPE kernel before it.
+// allow_rope_in_attention(false) (or ANVIL_FUSED_ROPE=0 at start) turns it off, to compare.
+inline constexpr const char* kDecodeRopeOp = "attention_decode_rope";
+inline constexpr const char* kDecodeRopeInAttention =
+    "RoPE and the KV write inside the tensor-core decode attention (head_dim 64), no RoPE kernel";
+void allow_rope_in_attention(bool allowed);
+bool rope_in_attention_allowed();
 
 // Whether the current device's kernel-table row launches a step's kernels as programmatic
 // dependents (backend/cuda/launch.cuh). ANVIL_CHAINED_LAUNCH=0 turns it off, to measure it.

@@ -26,6 +26,10 @@ bool chained_launch_enabled() { return false; }
 bool current_device_runs(const std::string&, const std::string&) { return false; }
 void allow_bulk_copy_kernels(bool) {}
 bool bulk_copy_kernels_allowed() { return false; }
+void allow_fused_routing(bool) {}
+bool fused_routing_allowed() { return false; }
+void allow_rope_in_attention(bool) {}
+bool rope_in_attention_allowed() { return false; }
 void allow_chained_launch(bool) {}
 void* device_alloc(size_t) { no_cuda(); }
 void device_free(void* pointer) {
