@@ -639,10 +639,12 @@ void paged_attention(const AttentionBatch& batch, const AttentionShape& shape, c
 }
 
 bool decode_rope_in_attention(const AttentionBatch& batch, const AttentionShape& shape, const KvLayerCache& cache) {
-  return batch.num_rows > 0 && batch.max_new_tokens == 1 && batch.num_rows == batch.num_sequences &&
-         shape.head_dim == kMmaDecodeWideHeadDim && shape.num_kv_heads > 0 && shape.num_heads % shape.num_kv_heads == 0 &&
-         shape.num_heads / shape.num_kv_heads <= kDecodeMaxGroup && decode_attention_on_tensor_cores(batch, shape, cache) &&
-         rope_in_attention_allowed() && current_device_runs(kDecodeRopeOp, kDecodeRopeInAttention);
+  const bool decode_step = batch.num_rows > 0 && batch.max_new_tokens == 1 && batch.num_rows == batch.num_sequences;
+  const bool heads = shape.head_dim == kMmaDecodeWideHeadDim && shape.num_kv_heads > 0 &&
+                     shape.num_heads % shape.num_kv_heads == 0 &&
+                     shape.num_heads / shape.num_kv_heads <= kDecodeMaxGroup;
+  return decode_step && heads && decode_attention_on_tensor_cores(batch, shape, cache) && rope_in_attention_allowed() &&
+         current_device_runs(kDecodeRopeOp, kDecodeRopeInAttention);
 }
 
 void rope_then_attention(const float* qkv, const AttentionBatch& batch, const AttentionShape& shape,

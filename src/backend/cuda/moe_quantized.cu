@@ -180,10 +180,10 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 }
 
 // One row from its logits (a batch-1 decode step), by one warp, with no counting, scan or barrier
-// (write_one_row_routing). Measured on an H200 (gpt-oss-20b, batch 1): 2.2 us of the chain per layer against 3.7 for
-// moe_route_kernel<8> (docs/perf/logs/h200/routing-one-row/). The expert kernels still read
-// tables: making the picks in every gate_up / down warp instead, with no routing kernel, was
-// slower (same folder).
+// (write_one_row_routing). Measured on an H200 (gpt-oss-20b, batch 1): 2.2 us of the chain per
+// layer against 3.7 for moe_route_kernel<8> (docs/perf/logs/h200/routing-one-row/). The expert
+// kernels still read tables: making the picks in every gate_up / down warp instead, with no
+// routing kernel, was slower (same folder).
 __global__ void __launch_bounds__(32)
     moe_route_one_row_kernel(const float* __restrict__ logits, int num_experts, int k, Routing r,
                              int32_t* __restrict__ ids, float* __restrict__ route_weights) {
