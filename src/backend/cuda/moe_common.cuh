@@ -27,6 +27,9 @@ struct Routing {
   int32_t* tile_row = nullptr;     // [max_tiles]: first sorted position of each tile
 };
 
+// Where batch 1's gate_up reads its one token (ExpertProduct::one_row_token).
+enum class OneRowToken : uint8_t { kNone, kBeforeWait, kAfterWait };
+
 // One grouped product: out = act(A · W_eᵀ + b_e) over the sorted rows of each expert.
 // gate_up: A = h (gathered by token), N = 2I, K = H, gate rows even and up rows odd; writes bf16
 // gated activations [slots, I].
@@ -43,8 +46,9 @@ struct ExpertProduct {
   float* out = nullptr;               // down output
   bool silu = false;                  // gate_up: silu(gate) · up instead of gpt-oss's clamped SwiGLU
   float limit = 0.0f, alpha = 0.0f;   // the clamped SwiGLU's
-  // gate_up's A is one row (batch 1) written two kernels back: its token may be read before the wait
-  bool token_before_wait = false;
+  // gate_up at batch 1: its A is row 0 of h, read before the grid's wait when the kernel two back
+  // wrote it, otherwise right after the wait beside the routing (no slot lookup first).
+  OneRowToken one_row_token = OneRowToken::kNone;
 };
 
 }  // namespace anvil::cuda::moe

@@ -175,11 +175,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
     __syncwarp();
     return shift;
   };
-  // gate_up's token for a one-row call is row 0 of h, which (token_before_wait) the kernel two back
-  // in the chain wrote: the routing kernel waited for it before it released this grid, so it is
-  // staged before this grid's own wait, off the path after the routing.
-  const bool token_early = kGateUp && p.token_before_wait;
-  const int early_shift = token_early ? stage_token(0, true) : 0;
+  // gate_up's token for a one-row call is row 0 of h. When the kernel two back in the chain wrote
+  // it (kBeforeWait), the routing kernel waited for it before it released this grid, so it is
+  // staged before this grid's own wait, off the path after the routing. When the predecessor wrote
+  // it (kAfterWait: norm and routing in one launch), its loads go out right after the wait beside
+  // the routing's, instead of after the routing and a slot lookup: two round trips fewer.
+  const OneRowToken one_row = kGateUp ? p.one_row_token : OneRowToken::kNone;
+  int row0_shift = one_row == OneRowToken::kBeforeWait ? stage_token(0, true) : 0;
 
   // Ordering against the neighbouring grids as moe_decode_kernel's.
   if constexpr (kGateUp) {
@@ -189,6 +191,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   auto routing = [](const int32_t* at) { return kGateUp ? *at : __ldcg(at); };
   const int expert = routing(r.active + blockIdx.y);
   const int begin = routing(r.active_range + 2 * blockIdx.y), count = routing(r.active_range + 2 * blockIdx.y + 1);
+  if (one_row == OneRowToken::kAfterWait) row0_shift = stage_token(0, false);
   if (expert < 0) return;  // whole block: no barrier is skipped
   const uint8_t* wa = p.blocks + (int64_t(expert) * p.n + row_a) * row_bytes + t * 16;
   const uint8_t* wb = p.blocks + (int64_t(expert) * p.n + row_b) * row_bytes + t * 16;
@@ -234,8 +237,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   for (int token = 0; token < count; ++token) {
     if (token > 0)
       for (int j = 0; j < kStages - 1; ++j) issue(j, j);
-    const int shift = token == 0 && token_early
-                          ? early_shift
+    const int shift = token == 0 && one_row != OneRowToken::kNone
+                          ? row0_shift
                           : stage_token(kGateUp ? r.sorted_slot[begin + token] / p.top_k : int64_t(begin + token), false);
 
     // [block parity][row g, row g + 8]: two chains of dependent FFMA instead of one.

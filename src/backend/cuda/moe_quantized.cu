@@ -602,8 +602,11 @@ bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   gate_up.top_k = k;
   gate_up.act = act;
   gate_up.limit = w.swiglu_limit;
-  // At batch 1 h comes from the norm + router kernel, unless the routing is made in that launch.
-  gate_up.token_before_wait = m == 1 && fused == nullptr;
+  // At batch 1 h comes from the norm + router kernel, or from the launch just before when the
+  // routing is made in that launch.
+  gate_up.one_row_token = m != 1 ? OneRowToken::kNone
+                          : fused == nullptr ? OneRowToken::kBeforeWait
+                                             : OneRowToken::kAfterWait;
   gate_up.alpha = w.swiglu_alpha;
   ExpertProduct down;
   down.a = act;

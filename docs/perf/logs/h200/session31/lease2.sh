@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Session 31's second call (carry [".gpu-pack31"], the same pack as lease1.sh): the whole GPU
+# suite, then both launches fewer per layer against both off at batches 1, 8 and 64 with the
+# 2,048-token prefill (the bars' rows).
+set -uo pipefail
+source "$(dirname "$0")/../session25/unpack.sh" .gpu-pack31 /tmp/lease31b
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT_ROOT/gpu.txt"
+export ANVIL_FIXTURES_DIR=$PWD/$C/fixtures
+timeout 230 $C/anvil_gpu_tests > "$OUT_ROOT/gpu_tests.log" 2>&1
+echo "gpu tests exit $?"
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|tests ran" "$OUT_ROOT/gpu_tests.log" | tail -n 8
+A=$C/anvil
+OUT=$OUT_ROOT/ab ANVIL_AB_BATCHES=1,8,64 ANVIL_AB_ROUNDS=2 ANVIL_AB_PREFILL=2048 timeout 300 \
+  bash scripts/gpu_ab.sh off=$A,ANVIL_FUSED_ROUTE=0,ANVIL_FUSED_ROPE=0 both=$A > "$OUT_ROOT/ab.txt" 2>&1
+tail -n 8 "$OUT_ROOT/ab.txt"
+tar -czf "$OUT_ROOT/ab.tgz" -C "$OUT_ROOT" ab && rm -rf "$OUT_ROOT/ab"
