@@ -1,8 +1,8 @@
 #pragma once
 // Batch 1's post-attention norm, router and expert picks in one launch, where the kernel table
-// names it (clusters: compute capability 9.0 and later): one cluster of 8 blocks, each making the
-// logits of an eighth of the experts into block 0's shared memory, where one warp picks them and
-// writes the routing tables.
+// names it (clusters: compute capability 9.0 and later): one cluster of 8 (or 16) blocks, each
+// making the logits of its share of the experts into block 0's shared memory, where one warp
+// picks them and writes the routing tables.
 //
 // Why: at batch 1 the norm + router kernel and the one-warp routing kernel after it held ~3.1 us
 // and ~3.0 us of the chain per gpt-oss layer on an H200 (docs/perf/logs/h200/session29), almost
@@ -28,10 +28,13 @@
 namespace anvil::cuda::moe {
 
 constexpr int kRouteCluster = 8;  // blocks; the most a cluster may portably hold
+// SM90's non-portable cluster size: half the router rows per block, for routers whose eighth would
+// take more shared memory than fits beside the output projection's blocks (gpt-oss-120b: 92 KB).
+constexpr int kRouteWideCluster = 16;
 constexpr int kRouteGroupThreads = 128;
 constexpr int kRouteGroups = 4;
 constexpr int kRouteGroupExperts = 4;
-constexpr int kRouteBlockExperts = kRouteGroups * kRouteGroupExperts;  // 128 experts per cluster at most
+constexpr int kRouteBlockExperts = kRouteGroups * kRouteGroupExperts;  // per block at most
 constexpr int kRouteMaxDim = 4096;
 constexpr int kRouteSteps = kRouteMaxDim / 8 / kRouteGroupThreads;  // 8-value pieces per thread
 
@@ -124,14 +127,16 @@ __device__ __forceinline__ void group_sums(float (&values)[kValues],
   __syncthreads();  // partial is free again
 }
 
-// Launched as one cluster of kRouteCluster blocks of kRouteGroups x 128 threads (norm_route_fits
-// says for which shapes). Block b takes experts [b E/8, (b + 1) E/8), group g of it the g-th four.
+// Launched as one cluster of kBlocks blocks of kRouteGroups x 128 threads (moe_routes_in_one_launch
+// says for which shapes). Block b takes experts [b E/kBlocks, (b + 1) E/kBlocks), group g of it
+// the g-th quarter of those.
+template <int kBlocks>
 __global__ void __launch_bounds__(kRouteGroups* kRouteGroupThreads)
     moe_norm_route_one_row_kernel(NormRoute a, Routing r) {
   extern __shared__ __align__(128) uint8_t route_smem[];
   __shared__ float logits[kMaxExperts];  // block 0's receives every block's
   __shared__ float partial[kRouteGroups][kRouteGroupExperts][4];
-  const int block_experts = a.experts / kRouteCluster;
+  const int block_experts = a.experts / kBlocks;
   const int group_experts = (block_experts + kRouteGroups - 1) / kRouteGroups;
   const uint32_t rank = cluster_rank();
   const int group = threadIdx.x / kRouteGroupThreads, t = threadIdx.x % kRouteGroupThreads;
@@ -191,7 +196,7 @@ __global__ void __launch_bounds__(kRouteGroups* kRouteGroupThreads)
   const float inv = rsqrtf(squares[0] / float(a.dim) + a.eps);
 
   // This block's share of h (group 0 holds every piece, as every group does).
-  const int share = (pieces + kRouteCluster - 1) / kRouteCluster;
+  const int share = (pieces + kBlocks - 1) / kBlocks;
   if (group == 0) {
 #pragma unroll
     for (int s = 0; s < kRouteSteps; ++s) {

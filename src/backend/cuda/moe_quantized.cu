@@ -15,6 +15,10 @@
 // workspace, so the whole call can be captured in a CUDA graph.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -513,6 +517,46 @@ bool takes_sum_in_down(const QuantizedExperts& w, int64_t m, int k, bool picks_h
 // router_logits null: ids and route_weights are the caller's routing, only read. Otherwise they
 // are written here first (moe_quantized_from_logits). fused: the norm, router and picks are made
 // here too, in one launch (moe_routes_in_one_launch said so; router_logits is then unused).
+// Whether the one-launch routing runs as a cluster of 16 blocks (SM90's non-portable size) rather
+// than 8: only where ANVIL_ROUTE_CLUSTER=16 asks (a measurement switch: with gpt-oss-120b's 128
+// experts a block of the 8-block cluster takes 92 KB of router rows, which may not fit beside the
+// output projection's blocks; unmeasured), the experts split evenly and the GPU can place such a
+// cluster with this kernel's shared memory.
+bool wide_route_cluster(int64_t experts, dim3 threads) {
+  static const bool asked = [] {
+    const char* v = std::getenv("ANVIL_ROUTE_CLUSTER");
+    return v != nullptr && std::string(v) == "16";
+  }();
+  if (!asked || experts % kRouteWideCluster != 0 || experts / kRouteWideCluster > kRouteBlockExperts) return false;
+  constexpr auto kKernel = moe_norm_route_one_row_kernel<kRouteWideCluster>;
+  static std::mutex mutex;
+  static std::map<int, bool> placeable;  // per device
+  int device = 0;
+  ANVIL_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto known = placeable.find(device);
+  if (known != placeable.end()) return known->second;
+  const size_t most = norm_route_smem_bytes(kRouteBlockExperts, kRouteMaxDim);
+  ANVIL_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
+  bool ok = cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+  if (ok) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(kRouteWideCluster);
+    config.blockDim = threads;
+    config.dynamicSmemBytes = most;  // any shape's, so one answer per device serves every call
+    cudaLaunchAttribute cluster = {};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim = {unsigned(kRouteWideCluster), 1, 1};
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    ok = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) == cudaSuccess && clusters > 0;
+  }
+  (void)cudaGetLastError();  // a refused size is an answer here, not a sticky error
+  placeable[device] = ok;
+  return ok;
+}
+
 bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k, const float* router_logits,
                         int32_t* ids, float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
                         Stream stream, const NextNorm* next_norm, const MoeRouterInput* fused = nullptr) {
@@ -572,10 +616,16 @@ bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
     a.h = const_cast<uint16_t*>(h);  // the experts' input, made here
     a.ids = ids;
     a.route_weights = route_weights;
-    const size_t smem = norm_route_smem_bytes(int(E) / kRouteCluster, int(H));
-    allow_smem<moe_norm_route_one_row_kernel>(norm_route_smem_bytes(kRouteBlockExperts, kRouteMaxDim));
-    launch_chained_cluster(moe_norm_route_one_row_kernel, dim3(kRouteCluster), kRouteCluster,
-                           dim3(kRouteGroups * kRouteGroupThreads), smem, s, a, r);
+    const dim3 threads(kRouteGroups * kRouteGroupThreads);
+    if (wide_route_cluster(E, threads)) {
+      launch_chained_cluster(moe_norm_route_one_row_kernel<kRouteWideCluster>, dim3(kRouteWideCluster),
+                             kRouteWideCluster, threads, norm_route_smem_bytes(int(E) / kRouteWideCluster, int(H)), s,
+                             a, r);
+    } else {
+      allow_smem<moe_norm_route_one_row_kernel<kRouteCluster>>(norm_route_smem_bytes(kRouteBlockExperts, kRouteMaxDim));
+      launch_chained_cluster(moe_norm_route_one_row_kernel<kRouteCluster>, dim3(kRouteCluster), kRouteCluster, threads,
+                             norm_route_smem_bytes(int(E) / kRouteCluster, int(H)), s, a, r);
+    }
   } else if (router_logits != nullptr && m == 1 && !use_gemm) {
     launch_chained(moe_route_one_row_kernel, 1, 32, 0, s, router_logits, int(E), k, r, ids, route_weights);
   } else {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 31's first call (carry [".gpu-pack31"]): session 30's two launches fewer per layer, plus
 # gate_up reading its one token right after its wait beside the routing (OneRowToken::kAfterWait)
-# where the norm and routing are one launch, each against the same binary with it off:
+# where the norm and routing are one launch, each against the same binary with it off, and the
+# routing's cluster at 16 blocks (ANVIL_ROUTE_CLUSTER=16) against 8:
 #   1. the new bit-for-bit tests (stop if they fail)  2. memcheck over them and the fixtures'
 #   one-token tests  3. A/B at batches 1 and 8, both models  4. a trace.
 # The pack was built from the working tree with both fusions on the SM90 row of the kernel table.
@@ -24,13 +25,17 @@ timeout 90 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcod
   --gtest_filter='CudaMoe.OneLaunch*:CudaFusedOps.RopeInside*:Fixtures/FixtureGpuTest.OneToken*' \
   > "$OUT_ROOT/memcheck.log" 2>&1
 echo "memcheck exit $?"
+ANVIL_ROUTE_CLUSTER=16 timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $C/anvil_gpu_tests --gtest_filter='CudaMoe.OneLaunch*' > "$OUT_ROOT/memcheck16.log" 2>&1
+echo "16-block cluster test + memcheck exit $?"
+grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) |^\[  FAILED" "$OUT_ROOT/memcheck16.log" | tail -n 4
 grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) |^\[  FAILED" "$OUT_ROOT/memcheck.log" | tail -n 6
 gzip -f "$OUT_ROOT/memcheck.log"
 A=$C/anvil
-OUT=$OUT_ROOT/ab ANVIL_AB_BATCHES=1,8 ANVIL_AB_ROUNDS=2 ANVIL_AB_PREFILL=128 timeout 240 \
+OUT=$OUT_ROOT/ab ANVIL_AB_BATCHES=1,8 ANVIL_AB_ROUNDS=2 ANVIL_AB_PREFILL=128 timeout 290 \
   bash scripts/gpu_ab.sh off=$A,ANVIL_FUSED_ROUTE=0,ANVIL_FUSED_ROPE=0 route=$A,ANVIL_FUSED_ROPE=0 \
-  rope=$A,ANVIL_FUSED_ROUTE=0 both=$A > "$OUT_ROOT/ab.txt" 2>&1
-tail -n 14 "$OUT_ROOT/ab.txt"
+  rope=$A,ANVIL_FUSED_ROUTE=0 both=$A both16=$A,ANVIL_ROUTE_CLUSTER=16 > "$OUT_ROOT/ab.txt" 2>&1
+tail -n 24 "$OUT_ROOT/ab.txt"
 tar -czf "$OUT_ROOT/ab.tgz" -C "$OUT_ROOT" ab && rm -rf "$OUT_ROOT/ab"
 CUDA_INJECTION64_PATH=$PWD/$C/libkernel_trace.so ANVIL_TRACE_OUT=$OUT_ROOT/trace-new.csv timeout 40 \
   $A bench-gpu --model configs/gpt-oss-20b --load-format dummy --device cuda --batches 1 --prefill-tokens 128 > /dev/null 2>&1
