@@ -99,11 +99,11 @@ constexpr const char* kLaunchChained = "programmatic dependent launch (griddepco
 //   sessions 27-28); SM120 and Ada hold one of its 60 KB blocks per SM, a third of what it was
 //   measured with.
 // - fused_route: batch 1's norm, router and picks as one cluster launch (clusters: compute
-//   capability 9.0 and later). Built and host-tested in session 30, not yet measured on a GPU, so
-//   no row names it yet; SM90 is the row to measure first (its 92 KB blocks for 128 experts would
-//   not fit beside SM120's neighbouring kernels).
+//   capability 9.0 and later), measured on an H100 (session 31: batch 1 +1.4 % / +1.7 %, batch 8
+//   level); its 92 KB blocks for 128 experts would not fit beside SM120's neighbouring kernels.
 // - rope_in_attention: the decode step's RoPE and KV write inside the tensor-core decode attention.
-//   Built and host-tested in session 30, not yet measured on a GPU: no row names it yet.
+//   Measured on an H100 (session 31): level at batch 1 (and with fused_route 0.3-0.5 % below it
+//   alone), +0.6-0.8 % at batch 8; no row names it.
 // - wide_decode_attention: 20-warp decode attention blocks, measured on H100s and an H200
 //   (session 29); they need ~161 KB of shared memory, which SM120, Ada and SM86 cannot give one
 //   block (an A100's 163 KB could hold one; unmeasured there).
@@ -149,7 +149,7 @@ const std::vector<ArchKernels>& kernel_table() {
       {8, 6, "RTX 3090, A40, A6000", "sm_86", portable_ops({})},
       {8, 9, "RTX 4090, L40S, RTX 6000 Ada", "sm_89", portable_ops({})},
       {9, 0, "H100, H200, GH200", "sm_90a", portable_ops({.chained_launch = true, .bulk_copy = true, .sum_in_down = true,
-                                                         .wide_decode_attention = true})},
+                                                         .fused_route = true, .wide_decode_attention = true})},
       {10, 0, "B200, GB200", "sm_100a", portable_ops({.chained_launch = true})},
       {12, 0, "RTX PRO 6000 Blackwell, RTX 5090", "sm_120a", portable_ops({.chained_launch = true})},
   };
