@@ -514,9 +514,6 @@ bool takes_sum_in_down(const QuantizedExperts& w, int64_t m, int k, bool picks_h
          current_device_runs(kMoeBatch1SumOp, kMoeBatch1SumInDown);
 }
 
-// router_logits null: ids and route_weights are the caller's routing, only read. Otherwise they
-// are written here first (moe_quantized_from_logits). fused: the norm, router and picks are made
-// here too, in one launch (moe_routes_in_one_launch said so; router_logits is then unused).
 // Whether the one-launch routing runs as a cluster of 16 blocks (SM90's non-portable size) rather
 // than 8: only where ANVIL_ROUTE_CLUSTER=16 asks (a measurement switch: with gpt-oss-120b's 128
 // experts a block of the 8-block cluster takes 92 KB of router rows, which may not fit beside the
@@ -557,6 +554,9 @@ bool wide_route_cluster(int64_t experts, dim3 threads) {
   return ok;
 }
 
+// router_logits null: ids and route_weights are the caller's routing, only read. Otherwise they
+// are written here first (moe_quantized_from_logits). fused: the norm, router and picks are made
+// here too, in one launch (moe_routes_in_one_launch said so; router_logits is then unused).
 bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m, int k, const float* router_logits,
                         int32_t* ids, float* route_weights, float* residual, void* workspace, size_t workspace_bytes,
                         Stream stream, const NextNorm* next_norm, const MoeRouterInput* fused = nullptr) {
