@@ -100,7 +100,8 @@ constexpr const char* kLaunchChained = "programmatic dependent launch (griddepco
 //   measured with.
 // - fused_route: batch 1's norm, router and picks as one cluster launch (clusters: compute
 //   capability 9.0 and later), measured on an H100 (session 31: batch 1 +1.4 % / +1.7 %, batch 8
-//   level); its 92 KB blocks for 128 experts would not fit beside SM120's neighbouring kernels.
+//   level) and the H200 (batch 1 level to +1.8 % for 20b, +1.1 % for 120b; batch 64 level); its
+//   92 KB blocks for 128 experts would not fit beside SM120's neighbouring kernels.
 // - rope_in_attention: the decode step's RoPE and KV write inside the tensor-core decode attention.
 //   Measured on an H100 (session 31): level at batch 1 (and with fused_route 0.3-0.5 % below it
 //   alone), +0.6-0.8 % at batch 8; no row names it.
