@@ -60,9 +60,7 @@ void expect_family_on_no_row(const std::string& op, const std::string& unmeasure
   }
 }
 
-// Batch 1's norm, router and picks in one cluster launch, and the decode RoPE inside the attention:
-// built but not yet measured on any GPU, so no row picks them (SM90 is where to measure first).
-// Batch 1's one-launch routing: measured on an H100 (SM90); other rows either lack clusters or
+// Batch 1's one-launch routing: measured on an H100 and an H200 (SM90); other rows either lack clusters or
 // could not place its blocks beside their neighbours'.
 TEST(KernelTable, OneLaunchRoutingOnlyOnTheMeasuredRow) {
   if (!cuda::compiled_in()) return;

@@ -517,8 +517,9 @@ bool takes_sum_in_down(const QuantizedExperts& w, int64_t m, int k, bool picks_h
 // Whether the one-launch routing runs as a cluster of 16 blocks (SM90's non-portable size) rather
 // than 8: only where ANVIL_ROUTE_CLUSTER=16 asks (a measurement switch: with gpt-oss-120b's 128
 // experts a block of the 8-block cluster takes 92 KB of router rows, which may not fit beside the
-// output projection's blocks; unmeasured), the experts split evenly and the GPU can place such a
-// cluster with this kernel's shared memory.
+// output projection's blocks; on an H100 16 blocks ran level for 20b and +0.5 % for 120b, too
+// little to choose, session 31), the experts split evenly and the GPU can place such a cluster
+// with this kernel's shared memory.
 bool wide_route_cluster(int64_t experts, dim3 threads) {
   static const bool asked = [] {
     const char* v = std::getenv("ANVIL_ROUTE_CLUSTER");
