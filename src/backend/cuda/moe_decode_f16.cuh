@@ -178,8 +178,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   // gate_up's token for a one-row call is row 0 of h. When the kernel two back in the chain wrote
   // it (kBeforeWait), the routing kernel waited for it before it released this grid, so it is
   // staged before this grid's own wait, off the path after the routing. When the predecessor wrote
-  // it (kAfterWait: norm and routing in one launch), its loads go out right after the wait beside
-  // the routing's, instead of after the routing and a slot lookup: two round trips fewer.
+  // it (kAfterWait: norm and routing in one launch), it is staged once the expert's first weights
+  // and scales are asked for, its L2 round trip under their DRAM one, with no slot lookup first.
   const OneRowToken one_row = kGateUp ? p.one_row_token : OneRowToken::kNone;
   int row0_shift = one_row == OneRowToken::kBeforeWait ? stage_token(0, true) : 0;
 
@@ -191,7 +191,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   auto routing = [](const int32_t* at) { return kGateUp ? *at : __ldcg(at); };
   const int expert = routing(r.active + blockIdx.y);
   const int begin = routing(r.active_range + 2 * blockIdx.y), count = routing(r.active_range + 2 * blockIdx.y + 1);
-  if (one_row == OneRowToken::kAfterWait) row0_shift = stage_token(0, false);
   if (expert < 0) return;  // whole block: no barrier is skipped
   const uint8_t* wa = p.blocks + (int64_t(expert) * p.n + row_a) * row_bytes + t * 16;
   const uint8_t* wb = p.blocks + (int64_t(expert) * p.n + row_b) * row_bytes + t * 16;
@@ -202,22 +201,33 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   auto issue = [&](int i, int stage) { f16_ring_issue(ring_lane, stage, wa, wb, kpart + i * kSplitK, i < my_chunks, p.blocks); };
   for (int j = 0; j < kStages - 1; ++j) issue(j, j);
   // The loads of a batch are all issued before the first is used: they come from DRAM, and one
-  // round trip per load in turn cost microseconds in the whole model's chain.
+  // round trip per load in turn cost microseconds in the whole model's chain. The first batch is
+  // issued by every lane (addresses kept inside the row), so that the one-row token, read from L2
+  // after the wait (kAfterWait), is staged while it is in flight: stage_token is warp-wide.
   {
     const uint32_t* src = reinterpret_cast<const uint32_t*>(p.scales) + (int64_t(expert) * p.n + min(row0, p.n - 16)) * chunks;
     constexpr int kBatch = 8;
-    for (int first = lane; first < part_words; first += 32 * kBatch) {
-      uint32_t s[kBatch];
+    uint32_t s[kBatch];
+    auto load = [&](int first) {
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
-        const int i = min(first + 32 * j, part_words - 1);  // a valid address; the value is unused
+        const int i = max(min(first + 32 * j, part_words - 1), 0);  // a valid address; the value is unused
         s[j] = __ldg(src + int64_t(i % 16) * chunks + kpart + (i / 16) * kSplitK);
       }
+    };
+    auto store = [&](int first) {
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         const int i = first + 32 * j;
         if (i < part_words) warp_scales[(i % 16) * warp_chunks + i / 16] = s[j];
       }
+    };
+    load(lane);
+    if (one_row == OneRowToken::kAfterWait) row0_shift = stage_token(0, false);
+    store(lane);
+    for (int first = lane + 32 * kBatch; first < part_words; first += 32 * kBatch) {
+      load(first);
+      store(first);
     }
   }
 
