@@ -515,17 +515,19 @@ bool takes_sum_in_down(const QuantizedExperts& w, int64_t m, int k, bool picks_h
 }
 
 // Whether the one-launch routing runs as a cluster of 16 blocks (SM90's non-portable size) rather
-// than 8: only where ANVIL_ROUTE_CLUSTER=16 asks (a measurement switch: with gpt-oss-120b's 128
-// experts a block of the 8-block cluster takes 92 KB of router rows, which may not fit beside the
-// output projection's blocks; on an H100 16 blocks ran level for 20b and +0.5 % for 120b, too
-// little to choose, session 31), the experts split evenly and the GPU can place such a cluster
-// with this kernel's shared memory.
-bool wide_route_cluster(int64_t experts, dim3 threads) {
-  static const bool asked = [] {
+// than 8: where an 8-block cluster's share of the router would take more than 64 KB a block
+// (gpt-oss-120b's 128 experts: 92 KB, which may not fit beside the output projection's blocks;
+// with 16 blocks its batch 1 measured +0.4 % and +0.5-0.9 % on H100s, sessions 31-32, while 20b's
+// 23 KB ran level), the experts split evenly and the GPU can place such a cluster with this kernel's
+// shared memory. ANVIL_ROUTE_CLUSTER=8 or =16 at start picks one size wherever it can run (A/B).
+bool wide_route_cluster(int64_t experts, int64_t hidden, dim3 threads) {
+  static const int asked = [] {
     const char* v = std::getenv("ANVIL_ROUTE_CLUSTER");
-    return v != nullptr && std::string(v) == "16";
+    return v == nullptr ? 0 : std::string(v) == "16" ? 16 : std::string(v) == "8" ? 8 : 0;
   }();
-  if (!asked || experts % kRouteWideCluster != 0 || experts / kRouteWideCluster > kRouteBlockExperts) return false;
+  const bool large_share = experts / kRouteCluster * hidden * 2 > 64 * 1024;
+  if (asked == 8 || (asked == 0 && !large_share)) return false;
+  if (experts % kRouteWideCluster != 0 || experts / kRouteWideCluster > kRouteBlockExperts) return false;
   constexpr auto kKernel = moe_norm_route_one_row_kernel<kRouteWideCluster>;
   static std::mutex mutex;
   static std::map<int, bool> placeable;  // per device
@@ -618,7 +620,7 @@ bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
     a.ids = ids;
     a.route_weights = route_weights;
     const dim3 threads(kRouteGroups * kRouteGroupThreads);
-    if (wide_route_cluster(E, threads)) {
+    if (wide_route_cluster(E, H, threads)) {
       launch_chained_cluster(moe_norm_route_one_row_kernel<kRouteWideCluster>, dim3(kRouteWideCluster),
                              kRouteWideCluster, threads, norm_route_smem_bytes(int(E) / kRouteWideCluster, int(H)), s,
                              a, r);

@@ -98,7 +98,8 @@ inline constexpr const char* kMoeBatch1SumInDown =
 // ANVIL_FUSED_ROUTE=0 at start) turns it off for launches from now on, to compare (tests, A/B).
 inline constexpr const char* kMoeBatch1RouteOp = "moe_route_batch1";
 inline constexpr const char* kMoeBatch1RouteCluster =
-    "norm, router and top-k in one cluster of 8 blocks (logits over distributed shared memory)";
+    "norm, router and top-k in one cluster of 8 blocks, 16 where an eighth of the router exceeds 64 KB (logits over "
+    "distributed shared memory)";
 void allow_fused_routing(bool allowed);
 bool fused_routing_allowed();
 
