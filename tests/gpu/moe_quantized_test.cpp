@@ -24,6 +24,7 @@
 #include "backend/linear.h"
 #include "backend/quantize.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "support/device_vectors.h"
 
@@ -412,12 +413,19 @@ TEST(CudaMoe, PackedCodesAreAPermutationOfEachWord) {
 }
 
 // The loader's MXFP4 layout (mxfp4_lay_out) is the host packer's, codes and scales, at a K with
-// padding (160: 5 blocks in 2 chunks) and gpt-oss's 2,880.
+// padding (160: 5 blocks in 2 chunks) and gpt-oss's 2,880: each row's chunk c at
+// f16_piece_offset (16-row tiles), its scales row after row. Rows in part tiles are refused.
 TEST(CudaMoe, LayOutMatchesTheHostPacker) {
   ANVIL_REQUIRE_GPU();
   Rng rng(17);
+  {
+    cuda::DeviceBuffer src(64 * 16), out(size_t(24 * cuda::mxfp4_device_row_bytes(128)));
+    EXPECT_THROW(cuda::mxfp4_lay_out(src.get<uint8_t>(), src.get<uint8_t>(), 24, 128, out.get<uint8_t>(),
+                                     out.get<uint8_t>(), nullptr),
+                 Error);
+  }
   for (const int k : {160, 2880}) {
-    const int64_t rows = 37;
+    const int64_t rows = 48;
     std::vector<uint8_t> codes(size_t(rows * k / 2)), scales(size_t(rows * k / 32));
     for (auto& c : codes) c = uint8_t(rng.next());
     for (auto& sc : scales) sc = uint8_t(rng.next());
@@ -433,8 +441,13 @@ TEST(CudaMoe, LayOutMatchesTheHostPacker) {
     for (int64_t r = 0; r < rows; ++r) {
       cuda::mxfp4::pack_row_f16(&codes[size_t(r * k / 2)], want.data(), k);
       cuda::mxfp4::pack_scales_f16(&scales[size_t(r * k / 32)], want_scales.data(), k);
-      ASSERT_EQ(std::vector<uint8_t>(got_codes.begin() + r * row_bytes, got_codes.begin() + (r + 1) * row_bytes), want)
-          << "K " << k << " row " << r;
+      std::vector<uint8_t> got_row;
+      const int chunks = cuda::mxfp4::f16_chunks(k);
+      for (int c = 0; c < chunks; ++c) {
+        const auto piece = got_codes.begin() + cuda::mxfp4::f16_piece_offset(r, c, chunks);
+        got_row.insert(got_row.end(), piece, piece + cuda::mxfp4::kF16ChunkBytes);
+      }
+      ASSERT_EQ(got_row, want) << "K " << k << " row " << r;
       ASSERT_EQ(std::vector<uint8_t>(got_scales.begin() + r * scale_bytes, got_scales.begin() + (r + 1) * scale_bytes),
                 want_scales)
           << "K " << k << " row " << r;

@@ -193,5 +193,31 @@ TEST(Mxfp4F16Layout, PairsShareTheWordsBitsOnce) {
   EXPECT_EQ(reverse_bits(0x12345678u), 0x1E6A2C48u);
 }
 
+// The device matrix's 16-row tiles: every (row, chunk) piece of a 48-row matrix has its own 64
+// bytes, together exactly the matrix's rows x row bytes; a tile's chunk is 1 KB in one piece (rows
+// 0-15 in order), and an expert of N rows (a multiple of 16) starts where its first row would in
+// rows laid one after another.
+TEST(Mxfp4F16Layout, TilesOfSixteenRowsFillTheMatrix) {
+  for (const int k : {160, 2880}) {
+    const int chunks = f16_chunks(k), rows = 48;
+    std::vector<int> owner(size_t(rows * f16_row_bytes(k) / kF16ChunkBytes), -1);
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < chunks; ++c) {
+        const int64_t at = f16_piece_offset(r, c, chunks);
+        ASSERT_EQ(at % kF16ChunkBytes, 0);
+        ASSERT_LT(size_t(at / kF16ChunkBytes), owner.size());
+        ASSERT_EQ(owner[size_t(at / kF16ChunkBytes)], -1) << "row " << r << " chunk " << c;
+        owner[size_t(at / kF16ChunkBytes)] = r * chunks + c;
+        if (r % 16 > 0) {
+          EXPECT_EQ(at, f16_piece_offset(r - 1, c, chunks) + kF16ChunkBytes);
+        }
+        if (c > 0) {
+          EXPECT_EQ(at, f16_piece_offset(r, c - 1, chunks) + kF16ChunkStride);
+        }
+      }
+    EXPECT_EQ(f16_piece_offset(32, 0, chunks), int64_t(32) * f16_row_bytes(k));
+  }
+}
+
 }  // namespace
 }  // namespace anvil

@@ -97,8 +97,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
   // Rows past N read row N-1 (never stored), so the loop needs no row test.
   const int row_a = min(row0 + g, p.n - 1), row_b = min(row0 + g + 8, p.n - 1);
   const int64_t base_a = int64_t(expert) * p.n + row_a, base_b = int64_t(expert) * p.n + row_b;
-  const uint8_t* wa = p.blocks + base_a * row_bytes + t * 16;
-  const uint8_t* wb = p.blocks + base_b * row_bytes + t * 16;
+  // MXFP4 rows lie in 16-row tiles (a row's chunks kF16ChunkStride apart), the others row after row.
+  const int64_t chunk_stride = kMx ? kF16ChunkStride : 64;
+  const uint8_t* wa = p.blocks + (kMx ? f16_piece_offset(base_a, 0, chunks) : base_a * row_bytes) + t * 16;
+  const uint8_t* wb = p.blocks + (kMx ? f16_piece_offset(base_b, 0, chunks) : base_b * row_bytes) + t * 16;
   // This warp's scales for all of k: 16 rows x scale_cols bytes in dynamic shared memory (the
   // launcher sizes it kDecodeWarps * 16 * scale_cols; FP8 and bf16 have none). Read from global memory once
   // per block, before the first chunk, instead of one DRAM byte load per chunk with one chunk of
@@ -124,8 +126,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kTokenTiles >= 2 ? 2 : ANVI
     const int c = kpart + i * kSplitK;
     const bool ok = chunk_ok(i);
     const uint32_t dst = ring_lane + uint32_t((i % kDecodeStages) * 2 * 32 * 16);
-    cp_async_16(dst, ok ? wa + int64_t(c) * 64 : p.blocks, ok);
-    cp_async_16(dst + 32 * 16, ok ? wb + int64_t(c) * 64 : p.blocks, ok);
+    cp_async_16(dst, ok ? wa + int64_t(c) * chunk_stride : p.blocks, ok);
+    cp_async_16(dst + 32 * 16, ok ? wb + int64_t(c) * chunk_stride : p.blocks, ok);
     cp_async_commit();
   };
   // Rows a and b: four E8M0 bytes, one per word (MXFP4), or two E4M3 bytes, for words 0-1 and 2-3

@@ -75,8 +75,8 @@ __device__ __forceinline__ uint4 bf16x8_to_scaled_f16(uint4 v, float factor) {
 __device__ __forceinline__ void f16_ring_issue(uint32_t ring_lane, int stage, const uint8_t* wa, const uint8_t* wb,
                                                int c, bool ok, const void* mapped) {
   const uint32_t dst = ring_lane + uint32_t(stage * 2 * 32 * 16);
-  gemm::cp_async_16(dst, ok ? wa + int64_t(c) * 64 : mapped, ok);
-  gemm::cp_async_16(dst + 32 * 16, ok ? wb + int64_t(c) * 64 : mapped, ok);
+  gemm::cp_async_16(dst, ok ? wa + int64_t(c) * mxfp4::kF16ChunkStride : mapped, ok);
+  gemm::cp_async_16(dst + 32 * 16, ok ? wb + int64_t(c) * mxfp4::kF16ChunkStride : mapped, ok);
   gemm::cp_async_commit();
 }
 
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kpart = warp % kSplitK;
   const int row0 = (blockIdx.x * (kDecodeWarps / kSplitK) + warp / kSplitK) * 16;
-  const int chunks = f16_chunks(p.k), row_bytes = f16_row_bytes(p.k);
+  const int chunks = f16_chunks(p.k);
   const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
   const int warp_chunks = f16_warp_chunks(p.k, kSplitK);  // every warp's stride in shared memory
   // Rows past N read row N-1 (never stored), so the loop needs no row test.
@@ -192,8 +192,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   const int expert = routing(r.active + blockIdx.y);
   const int begin = routing(r.active_range + 2 * blockIdx.y), count = routing(r.active_range + 2 * blockIdx.y + 1);
   if (expert < 0) return;  // whole block: no barrier is skipped
-  const uint8_t* wa = p.blocks + (int64_t(expert) * p.n + row_a) * row_bytes + t * 16;
-  const uint8_t* wb = p.blocks + (int64_t(expert) * p.n + row_b) * row_bytes + t * 16;
+  const uint8_t* wa = p.blocks + f16_piece_offset(int64_t(expert) * p.n + row_a, 0, chunks) + t * 16;
+  const uint8_t* wb = p.blocks + f16_piece_offset(int64_t(expert) * p.n + row_b, 0, chunks) + t * 16;
 
   const uint32_t ring_lane = smem_u32(&ring[warp][0][0][lane]);
   // Chunk i of this warp is c = kpart + i * kSplitK, into ring stage `stage`; past the end the

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kSumWarps * 32, kSumMinBlocks)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kpart = warp % kSplitK, group = warp / kSplitK;
   const int row0 = (blockIdx.x * kGroups + group) * kSumRows;
-  const int chunks = f16_chunks(p.k), row_bytes = f16_row_bytes(p.k);
+  const int chunks = f16_chunks(p.k);
   const int my_chunks = kpart < chunks ? (chunks - kpart + kSplitK - 1) / kSplitK : 0;
   const int warp_chunks = f16_warp_chunks(p.k, kSplitK);
   const int part_words = 16 * my_chunks;  // per chunk: 16 rows of 4 scales, 16 pieces of 8 token values
@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(kSumWarps * 32, kSumMinBlocks)
   const float old_residual = __ldcg(sum.residual + row);
   const int expert_a = __shfl_sync(0xffffffffu, my_expert, ya), expert_b = __shfl_sync(0xffffffffu, my_expert, yb);
 
-  const uint8_t* wa = p.blocks + (int64_t(expert_a) * p.n + row) * row_bytes + t * 16;
-  const uint8_t* wb = p.blocks + (int64_t(expert_b) * p.n + row) * row_bytes + t * 16;
+  const uint8_t* wa = p.blocks + f16_piece_offset(int64_t(expert_a) * p.n + row, 0, chunks) + t * 16;
+  const uint8_t* wb = p.blocks + f16_piece_offset(int64_t(expert_b) * p.n + row, 0, chunks) + t * 16;
   const uint32_t ring_lane = smem_u32(&ring[warp][0][0][lane]);
   auto issue = [&](int i, int stage) { f16_ring_issue(ring_lane, stage, wa, wb, kpart + i * kSplitK, i < my_chunks, p.blocks); };
   for (int j = 0; j < kStages - 1; ++j) issue(j, j);

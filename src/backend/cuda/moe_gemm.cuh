@@ -113,9 +113,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   constexpr int kBLoads = kRowBytes / 32;
   const int b_row = tid / 2, b_part = tid % 2;
   const bool b_ok = n0 + b_row < p.n;
-  const int64_t b_row_bytes = kMx ? f16_row_bytes(p.k) : int64_t(p.k) * kRowBytes / Cfg::kBK;
-  const uint8_t* b_src = p.blocks + (int64_t(expert) * p.n + n0 + (b_ok ? b_row : 0)) * b_row_bytes +
-                         (kMx ? b_part * 32 : b_part * 16 * kBLoads);
+  // MXFP4 rows lie in 16-row tiles, a row's chunks kF16ChunkStride apart (mxfp4_f16_layout.h).
+  const int64_t b_row_bytes = int64_t(p.k) * kRowBytes / Cfg::kBK;
+  const int64_t b_matrix_row = int64_t(expert) * p.n + n0 + (b_ok ? b_row : 0);
+  const uint8_t* b_src = p.blocks + (kMx ? f16_piece_offset(b_matrix_row, 0, f16_chunks(p.k)) + b_part * 32
+                                         : b_matrix_row * b_row_bytes + b_part * 16 * kBLoads);
   const uint32_t b_dst = uint32_t(Cfg::kABytes + b_row * kRowBytes + b_part * 16 * kBLoads);
 
   const uint32_t smem_base = smem_u32(smem);
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
     for (int i = 0; i < kALoads; ++i) cp_async_16(base + a_dst[i], a_ok[i] ? a_src[i] + kt * Cfg::kBK : p.a, a_ok[i]);
     if constexpr (kMx) {
-      const uint8_t* from = b_src + (kt / 2) * 64 + (kt % 2) * 8;  // lane quads 2 b_part, 2 b_part + 1
+      const uint8_t* from = b_src + (kt / 2) * kF16ChunkStride + (kt % 2) * 8;  // lane quads 2 b_part, 2 b_part + 1
       cp_async_8(base + b_dst, b_ok ? from : p.blocks, b_ok);
       cp_async_8(base + b_dst + 8, b_ok ? from + 16 : p.blocks, b_ok);
     } else {

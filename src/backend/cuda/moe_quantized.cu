@@ -286,9 +286,10 @@ __global__ void mxfp4_lay_out_kernel(const uint8_t* __restrict__ codes, const ui
   const int64_t total = rows * words_per_row;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / words_per_row;
-    const int within = int(i % words_per_row);  // word 4 * (4c + t) + w sits at byte 64c + 16t + 4w
+    const int within = int(i % words_per_row);  // word 4 * (4c + t) + w of the row: its chunk c's 16t + 4w
     const int c = within / 16, t = (within / 4) % 4, block = 4 * c + within % 4;
-    out_codes[i] = block < blocks ? mxfp4::pack_word_f16(codes + row * (k / 2), block, t) : 0u;
+    out_codes[(mxfp4::f16_piece_offset(row, c, chunks) + 16 * t + 4 * (within % 4)) / 4] =
+        block < blocks ? mxfp4::pack_word_f16(codes + row * (k / 2), block, t) : 0u;
     if (within < chunks) {
       uint32_t word = 0;
       for (int j = 0; j < 4; ++j)
@@ -474,6 +475,7 @@ void mxfp4_lay_out(const uint8_t* codes, const uint8_t* scales, int64_t rows, in
                    uint8_t* device_codes, uint8_t* device_scales, Stream stream) {
   if (rows < 0 || in_features < 32 || in_features % 32 != 0 || in_features > INT32_MAX / 2)
     invalid("mxfp4_lay_out: K must be a positive multiple of 32");
+  if (rows % mxfp4::kF16TileRows != 0) invalid("mxfp4_lay_out: rows must be a multiple of 16 (whole tiles)");
   if (rows == 0) return;
   if (!codes || !scales || !device_codes || !device_scales) invalid("mxfp4_lay_out: null pointer");
   if (reinterpret_cast<uintptr_t>(device_codes) % 4 != 0 || reinterpret_cast<uintptr_t>(device_scales) % 4 != 0)

@@ -33,11 +33,13 @@ __device__ float expert_row_dot(const float* lut, ExpertFormat format, const uin
     return sum * global;
   }
   if (format == ExpertFormat::MXFP4) {  // mxfp4_f16_layout.h: block b's 8 codes of lane quad t
+    // `blocks` is the row's piece of chunk 0; its chunk c is c tile chunks further.
     for (int b = lane; b < in / 32; b += 32) {
       const float* xb = x + b * 32;
       float block = 0.0f;
       for (int t = 0; t < 4; ++t) {
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(blocks + mxfp4::f16_word_offset(b, t));
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(blocks + (b / 4) * mxfp4::kF16ChunkStride +
+                                                                 mxfp4::f16_word_offset(b % 4, t));
         for (int j = 0; j < 4; ++j)
           for (int e = 0; e < 2; ++e)
             block = fmaf(lut[mxfp4::f16_code(word, j, e)], xb[mxfp4::f16_slot(t, j) + e], block);
@@ -63,6 +65,14 @@ __device__ float expert_row_dot(const float* lut, ExpertFormat format, const uin
   return sum;
 }
 
+// Where row r of an expert matrix's codes starts: MXFP4's piece of chunk 0 in its 16-row tile,
+// the other formats' rows one after another.
+__device__ const uint8_t* code_row(const uint8_t* blocks, ExpertFormat format, int64_t r, int64_t row_bytes,
+                                   int64_t in) {
+  return blocks + (format == ExpertFormat::MXFP4 ? mxfp4::f16_piece_offset(r, 0, mxfp4::f16_chunks(int(in)))
+                                                 : r * row_bytes);
+}
+
 // act[(r, slot), j] = the gated activation of (gate_j, up_j) for output j of the chosen expert;
 // gate and up are the interleaved rows 2j and 2j+1 of gate_up.
 __global__ void gate_up_kernel(QuantizedExperts w, const float* h, int k, const int32_t* ids, float* act) {
@@ -80,7 +90,8 @@ __global__ void gate_up_kernel(QuantizedExperts w, const float* h, int k, const 
   const int64_t gate_row = expert * 2 * w.intermediate + 2 * j;
   auto product = [&](int64_t r) {
     const float scale = w.format == ExpertFormat::MXFP4 ? 1.0f : w.gate_up_row_scales[r];
-    return expert_row_dot(lut, w.format, w.gate_up_blocks + r * row_bytes, w.gate_up_scales + (fp8 ? 0 : r * scale_cols),
+    return expert_row_dot(lut, w.format, code_row(w.gate_up_blocks, w.format, r, row_bytes, w.hidden),
+                          w.gate_up_scales + (fp8 ? 0 : r * scale_cols),
                           scale, x, w.hidden) +
            (w.gate_up_bias ? w.gate_up_bias[r] : 0.0f);
   };
@@ -108,7 +119,7 @@ __global__ void down_kernel(QuantizedExperts w, int k, const int32_t* ids, const
     const int64_t assignment = row * k + slot, expert = ids[assignment];
     const int64_t down_row = expert * w.hidden + i;
     const float scale = w.format == ExpertFormat::MXFP4 ? 1.0f : w.down_row_scales[down_row];
-    const float y = expert_row_dot(lut, w.format, w.down_blocks + down_row * row_bytes,
+    const float y = expert_row_dot(lut, w.format, code_row(w.down_blocks, w.format, down_row, row_bytes, w.intermediate),
                                    w.down_scales + (fp8 ? 0 : down_row * scale_cols), scale,
                                    act + assignment * w.intermediate, w.intermediate) +
                     (w.down_bias ? w.down_bias[down_row] : 0.0f);

@@ -99,8 +99,9 @@ void linear_f32_input(const DenseWeight& weight, const float* bias, const float*
 void mxfp4_pack_codes(uint8_t* codes, size_t bytes, Stream stream);
 
 // MXFP4 experts' device layout (mxfp4_f16_layout.h): each row of K codes takes
-// mxfp4_device_row_bytes(K) bytes (whole 128-code chunks, zero-padded) and its K/32 E8M0 scales
-// mxfp4_device_scale_row_bytes(K) (4 per chunk, zero-padded).
+// mxfp4_device_row_bytes(K) bytes (whole 128-code chunks, zero-padded; rows in tiles of 16, each
+// chunk of a tile contiguous) and its K/32 E8M0 scales mxfp4_device_scale_row_bytes(K) (4 per
+// chunk, zero-padded, row after row).
 ANVIL_HOST_DEVICE inline int64_t mxfp4_device_row_bytes(int64_t in_features) {
   return mxfp4::f16_row_bytes(int(in_features));
 }
@@ -108,8 +109,8 @@ ANVIL_HOST_DEVICE inline int64_t mxfp4_device_scale_row_bytes(int64_t in_feature
   return mxfp4::f16_scale_row_bytes(int(in_features));
 }
 // Lays out `rows` checkpoint rows (codes [rows, K/2] low nibble first, scales [rows, K/32]) into
-// that layout (device_codes [rows, row bytes], device_scales [rows, scale row bytes]); out of
-// place, K a multiple of 32. Asynchronous on `stream`.
+// that layout (device_codes rows x row bytes, device_scales [rows, scale row bytes]); out of
+// place, rows a multiple of 16, K a multiple of 32. Asynchronous on `stream`.
 void mxfp4_lay_out(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t in_features,
                    uint8_t* device_codes, uint8_t* device_scales, Stream stream);
 
