@@ -1,6 +1,9 @@
 // Probe (not part of the build): the batch-1 MoE expert products in isolation, every launch
 // reading weights that are not in L2 (48 experts cycled in sets of four, ~400 MB; CUDA graphs of
-// 120 launches), on a GPU machine without the project's host dependencies. Modes:
+// 120 launches), on a GPU machine without the project's host dependencies. Its weights are laid
+// row after row, the layout before session 32's 16-row tiles (mxfp4_f16_layout.h): the project's
+// kernels it runs (moe_decode_kernel) now read tiles, so their values here no longer match its
+// references, and their times stand for the tiled layout only. Modes:
 //   moe_probe [both|gate_up|down]  the present moe_decode_kernel at gpt-oss's shapes (m = 1)
 //   moe_probe both fp8             also the FP8 tensor-core form below, with a double reference
 //   moe_probe old                  the present gate_up kernel alone, for ncu
