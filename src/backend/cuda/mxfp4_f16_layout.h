@@ -23,8 +23,8 @@
 // of chunk c, one after another (1 KB), and the tile's chunks follow in order. The decode warps
 // stream 16 rows a chunk at a time and the prefill GEMM a tile's rows per k step, so each copy
 // is one contiguous 1 KB (or half of one) instead of 16 pieces a row apart. With the kernels
-// otherwise unchanged, on an H100 (session 32): batch 8 +4.4 %, batch 64 +1.7-5.9 %, prefill
-// +2.0-2.9 %, batch 1 +0.5 % (20b) and level (120b). Matrices hold whole tiles (rows a multiple
+// otherwise unchanged, on an H100 (session 32, two rounds' means): batch 8 +4.4-4.9 %, batch 64
+// +1.8-5.4 %, prefill +2.3-2.6 %, batch 1 +0.5 % (20b) and level (120b). Matrices hold whole tiles (rows a multiple
 // of 16; experts' N is a multiple of 32), so an expert's rows start at a tile.
 // Plain C++ as well as CUDA, so host code and tests pack and read it too.
 #include <cstdint>
