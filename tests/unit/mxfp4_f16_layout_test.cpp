@@ -219,5 +219,20 @@ TEST(Mxfp4F16Layout, TilesOfSixteenRowsFillTheMatrix) {
   }
 }
 
+// A block's word in the device matrix, from its row's piece of chunk 0 (the float32 path's
+// addressing): the word the host packer's one-row form holds at f16_word_offset, in that row's
+// piece of chunk b / 4.
+TEST(Mxfp4F16Layout, TileWordOffsetFindsTheRowsWord) {
+  const int k = 2880, chunks = f16_chunks(k);
+  for (const int row : {0, 5, 17, 47})
+    for (int b = 0; b < k / 32; ++b)
+      for (int t = 0; t < 4; ++t) {
+        const int64_t piece = f16_piece_offset(row, b / 4, chunks);
+        EXPECT_EQ(f16_piece_offset(row, 0, chunks) + f16_tile_word_offset(b, t),
+                  piece + f16_word_offset(b, t) - (b / 4) * kF16ChunkBytes)
+            << "row " << row << " block " << b << " quad " << t;
+      }
+}
+
 }  // namespace
 }  // namespace anvil

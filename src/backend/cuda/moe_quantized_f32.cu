@@ -38,8 +38,7 @@ __device__ float expert_row_dot(const float* lut, ExpertFormat format, const uin
       const float* xb = x + b * 32;
       float block = 0.0f;
       for (int t = 0; t < 4; ++t) {
-        const uint32_t word = *reinterpret_cast<const uint32_t*>(blocks + (b / 4) * mxfp4::kF16ChunkStride +
-                                                                 mxfp4::f16_word_offset(b % 4, t));
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(blocks + mxfp4::f16_tile_word_offset(b, t));
         for (int j = 0; j < 4; ++j)
           for (int e = 0; e < 2; ++e)
             block = fmaf(lut[mxfp4::f16_code(word, j, e)], xb[mxfp4::f16_slot(t, j) + e], block);

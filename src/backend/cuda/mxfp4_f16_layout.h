@@ -102,6 +102,12 @@ ANVIL_HOST_DEVICE constexpr int64_t f16_piece_offset(int64_t row, int c, int chu
 // packer's one-row form, pack_row_f16); in the device matrix chunk b / 4 is at f16_piece_offset.
 ANVIL_HOST_DEVICE constexpr int f16_word_offset(int block, int t) { return (block / 4) * 64 + t * 16 + (block % 4) * 4; }
 
+// The same word in the device matrix, from the row's piece of chunk 0 (f16_piece_offset(row, 0,
+// chunks)): chunk b / 4 is b / 4 tile chunks further.
+ANVIL_HOST_DEVICE constexpr int64_t f16_tile_word_offset(int block, int t) {
+  return int64_t(block / 4) * kF16ChunkStride + f16_word_offset(block % 4, t);
+}
+
 // Code kk (0..K-1) of a checkpoint row: byte kk / 2, the low nibble for even kk.
 ANVIL_HOST_DEVICE inline uint32_t checkpoint_code(const uint8_t* row, int kk) {
   return (row[kk / 2] >> (4 * (kk % 2))) & 0xFu;
