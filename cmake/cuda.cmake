@@ -48,6 +48,11 @@ if(anvil_cuda_enabled)
       $<$<COMPILE_LANGUAGE:CUDA>:${gencode_flags} --expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter -Werror=all-warnings>
       $<$<COMPILE_LANGUAGE:CXX>:${ANVIL_WARNINGS}>)
   target_link_libraries(anvil_cuda PUBLIC anvil_core CUDA::cudart_static ${CMAKE_DL_LIBS})
+  # Measurement builds only: timestamps inside batch 1's MoE kernels (backend/cuda/phase_probe.cuh).
+  option(ANVIL_PHASE_PROBE "Stamp and print the phases of batch 1's MoE kernels (measurement only)" OFF)
+  if(ANVIL_PHASE_PROBE)
+    target_compile_definitions(anvil_cuda PRIVATE ANVIL_PHASE_PROBE=1)
+  endif()
   # cuBLASLt is opened at run time (backend/cuda/cublaslt.cpp); only its header is needed here.
   find_file(anvil_cublaslt_header cublasLt.h PATHS ${CUDAToolkit_INCLUDE_DIRS} NO_DEFAULT_PATH)
   if(anvil_cublaslt_header)

@@ -645,7 +645,10 @@ TEST(CudaMoe, FromLogitsEqualsTopkThenExperts) {
 // residual itself and no combine runs, so no norm is made (the call says so). The residual must be
 // the combine path's bit for bit: the kernel takes each expert's value from its own column of the
 // mma and adds them in the combine's order. Ties in the logits (coarse values), a part chunk of k
-// (intermediate 192 and 320), scales above 128, rows past a warp's four (hidden 32 x 3).
+// (intermediate 192 and 320), scales above 128, rows past a warp's four (hidden 32 x 3). With
+// gpt-oss's clamped SwiGLU, gate_up hands down fp16 activations scaled by their bound
+// (act_f16_shift) while the combine path stages bf16 ones by their largest magnitude: the same
+// bits wherever both scalings are exact; Qwen's unbounded silu keeps bf16 activations.
 TEST(CudaMoe, SumInDownEqualsTheCombine) {
   ANVIL_REQUIRE_GPU();
   if (!cuda::current_device_runs(cuda::kMoeBatch1SumOp, cuda::kMoeBatch1SumInDown))
@@ -654,19 +657,22 @@ TEST(CudaMoe, SumInDownEqualsTheCombine) {
   struct Case {
     Shape shape;
     Scaling scaling;
+    Gating gating = Gating::GptOss;
   };
   for (const Case& c : {Case{Shape{32, 256, 384, 4}, Scaling::Mxfp4}, Case{Shape{8, 320, 192, 4}, Scaling::Mxfp4},
                         Case{Shape{128, 512, 320, 4}, Scaling::Mxfp4}, Case{Shape{16, 96, 128, 4}, Scaling::Mxfp4Big},
-                        Case{Shape{4, 2880, 2880, 4}, Scaling::Mxfp4}}) {
+                        Case{Shape{4, 2880, 2880, 4}, Scaling::Mxfp4},
+                        Case{Shape{32, 256, 384, 4}, Scaling::Mxfp4, Gating::Qwen}}) {
     const Shape& shape = c.shape;
-    const Experts ex(shape, rng, c.scaling);
+    const Experts ex(shape, rng, c.scaling, c.gating);
     const auto weights = ex.device();
     std::vector<float> norm_weight(size_t(shape.hidden));
     for (auto& v : norm_weight) v = 0.5f + rng.uniform();
     const auto d_norm = to_device(norm_weight);
     for (int trial = 0; trial < 4; ++trial) {
       SCOPED_TRACE("E=" + std::to_string(shape.experts) + " H=" + std::to_string(shape.hidden) +
-                   " I=" + std::to_string(shape.intermediate) + " trial " + std::to_string(trial));
+                   " I=" + std::to_string(shape.intermediate) + (c.gating == Gating::Qwen ? " qwen" : "") +
+                   " trial " + std::to_string(trial));
       std::vector<float> logits(size_t(shape.experts));
       for (auto& v : logits) v = std::round(8.0f * rng.uniform()) / 4.0f;
       std::vector<uint16_t> h(size_t(shape.hidden));

@@ -49,6 +49,11 @@ struct ExpertProduct {
   // gate_up at batch 1: its A is row 0 of h, read before the grid's wait when the kernel two back
   // wrote it, otherwise right after the wait beside the routing (no slot lookup first).
   OneRowToken one_row_token = OneRowToken::kNone;
+  // Batch 1 with the sum in down, for an activation with a known bound (gpt-oss's clamped SwiGLU):
+  // gate_up writes each activation as the fp16 bits of bf16(value) · 2^act_f16_shift, and down
+  // takes them as they are, with no largest magnitude to find and no conversion to make (~2.5 us
+  // of its chain after its wait, docs/perf/logs/h200/session34). -1: bf16 activations.
+  int act_f16_shift = -1;
 };
 
 }  // namespace anvil::cuda::moe

@@ -28,6 +28,7 @@
 #include "backend/cuda/moe_common.cuh"
 #include "backend/cuda/moe_decode.cuh"
 #include "backend/cuda/mxfp4_common.cuh"
+#include "backend/cuda/phase_probe.cuh"
 
 namespace anvil::cuda::moe {
 
@@ -180,6 +181,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   // staged before this grid's own wait, off the path after the routing. When the predecessor wrote
   // it (kAfterWait: norm and routing in one launch), it is staged once the expert's first weights
   // and scales are asked for, its L2 round trip under their DRAM one, with no slot lookup first.
+  if constexpr (kGateUp) probe::mark(0, 0);
   const OneRowToken one_row = kGateUp ? p.one_row_token : OneRowToken::kNone;
   int row0_shift = one_row == OneRowToken::kBeforeWait ? stage_token(0, true) : 0;
 
@@ -187,11 +189,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   if constexpr (kGateUp) {
     wait_for_predecessor();
     release_dependents();
+    probe::mark(0, 1);
   }
   auto routing = [](const int32_t* at) { return kGateUp ? *at : __ldcg(at); };
   const int expert = routing(r.active + blockIdx.y);
   const int begin = routing(r.active_range + 2 * blockIdx.y), count = routing(r.active_range + 2 * blockIdx.y + 1);
   if (expert < 0) return;  // whole block: no barrier is skipped
+  if constexpr (kGateUp) probe::mark(0, 2);
   const uint8_t* wa = p.blocks + f16_piece_offset(int64_t(expert) * p.n + row_a, 0, chunks) + t * 16;
   const uint8_t* wb = p.blocks + f16_piece_offset(int64_t(expert) * p.n + row_b, 0, chunks) + t * 16;
 
@@ -243,6 +247,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
   }
   const uint32_t* const sa = warp_scales + g * warp_chunks;
   const uint32_t* const sb = warp_scales + (g + 8) * warp_chunks;
+  if constexpr (kGateUp) probe::mark(0, 3);
 
   for (int token = 0; token < count; ++token) {
     if (token > 0)
@@ -273,6 +278,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
         if (i + s < my_chunks) chunk(i + s, s);
     }
     cp_async_wait<0>();
+    if constexpr (kGateUp) probe::mark(0, 4);
     // Back from code · 2^-14 and token · 2^shift; exact (powers of two) unless out of range.
     float ya = ldexpf(acc[0][0] + acc[1][0], 14 - shift), yb = ldexpf(acc[0][1] + acc[1][1], 14 - shift);
     if constexpr (kSplitK > 1) {
@@ -286,8 +292,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
         const float up_a = __shfl_down_sync(0xffffffffu, va, 4), up_b = __shfl_down_sync(0xffffffffu, vb, 4);
         if (g % 2 == 0 && t == 0) {
           uint16_t* act = p.act + int64_t(begin + token) * (p.n / 2);
-          if (ok_a) act[(row0 + g) / 2] = to_bf16_bits(gated(va, up_a, p.silu, p.limit, p.alpha));
-          if (ok_b) act[(row0 + g + 8) / 2] = to_bf16_bits(gated(vb, up_b, p.silu, p.limit, p.alpha));
+          auto bits = [&](float value) {
+            const uint16_t bf16 = to_bf16_bits(value);
+            if (p.act_f16_shift < 0) return bf16;
+            // bf16 · 2^shift, exact in fp16 for every value within 2^28 of the bound (the scaling
+            // down's staging would pick if a part's largest magnitude were the bound).
+            const float scaled = __uint_as_float(uint32_t(bf16) << 16) * __uint_as_float(uint32_t(127 + p.act_f16_shift) << 23);
+            return __half_as_ushort(__float2half_rn(scaled));
+          };
+          if (ok_a) act[(row0 + g) / 2] = bits(gated(va, up_a, p.silu, p.limit, p.alpha));
+          if (ok_b) act[(row0 + g + 8) / 2] = bits(gated(vb, up_b, p.silu, p.limit, p.alpha));
         }
       } else if (t == 0) {
         const int64_t slot = token == 0 ? first_slot : r.sorted_slot[begin + token];
@@ -296,6 +310,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
       }
     }
   }
+  if constexpr (kGateUp) probe::mark(0, probe::kProbeEnd);
 }
 
 }  // namespace anvil::cuda::moe

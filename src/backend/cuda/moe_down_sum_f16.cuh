@@ -22,6 +22,10 @@
 // 8-warp blocks share them (a block's warps of one k part read the same part of each token), so
 // they fit beside the rings; they are copied with cp.async (one round trip for all four), then
 // rescaled into fp16 in place, each part by its own power of two as moe_decode_f16_kernel's.
+// Where the activation has a bound (gpt-oss's clamped SwiGLU, ExpertProduct::act_f16_shift),
+// gate_up writes them in fp16 already, scaled by the bound's power of two, and the copies are all:
+// finding the four parts' largest magnitudes and rewriting them held ~2.5 us of the chain after
+// this grid's wait (phase_probe.cuh on an H100, docs/perf/logs/h200/session34).
 #include <cuda_fp16.h>
 
 #include "backend/cuda/gemm_common.cuh"
@@ -29,6 +33,7 @@
 #include "backend/cuda/moe_common.cuh"
 #include "backend/cuda/moe_decode_f16.cuh"
 #include "backend/cuda/mxfp4_common.cuh"
+#include "backend/cuda/phase_probe.cuh"
 
 namespace anvil::cuda::moe {
 
@@ -89,6 +94,7 @@ __global__ void __launch_bounds__(kSumWarps * 32, kSumMinBlocks)
   // last writer is further back), so all of it is read before the wait, through L2 (this SM's L1
   // may hold the previous layer's). Lane y < 4 holds active expert y's id, token row and slot,
   // lane j < 4 slot j's weight; at one row each active expert has one token, its slot's.
+  probe::mark(1, 0);
   const int y_lane = lane % kSumExperts;
   int my_expert = __ldcg(r.active + y_lane);
   const int my_begin = __ldcg(r.active_range + 2 * y_lane);
@@ -133,6 +139,7 @@ __global__ void __launch_bounds__(kSumWarps * 32, kSumMinBlocks)
 
   wait_for_predecessor();
   release_dependents();
+  probe::mark(1, 1);
 
   // The four tokens' parts (gate_up's activations, from the predecessor), zeros past K: the warps
   // of a k part copy a share each, in one round trip.
@@ -147,32 +154,37 @@ __global__ void __launch_bounds__(kSumWarps * 32, kSumMinBlocks)
   }
   cp_async_commit();
   cp_async_wait<0>();
+  probe::mark(1, 2);
   __syncthreads();  // every warp's share of the copies
   // Each part's largest magnitude, found by every warp of the part alike; its power of two as
-  // moe_decode_f16_kernel's stage_token.
-  int shift_a = 0, shift_b = 0;
-  float factor[kSumExperts];
+  // moe_decode_f16_kernel's stage_token. Activations gate_up wrote in fp16 already carry theirs.
+  int shift_a = p.act_f16_shift, shift_b = p.act_f16_shift;
+  if (p.act_f16_shift < 0) {
+    float factor[kSumExperts];
 #pragma unroll
-  for (int y = 0; y < kSumExperts; ++y) {
-    const uint4* token = part_tokens + y * warp_chunks * 16;
-    uint32_t largest = 0;  // bf16 magnitudes order as integers
-    for (int i = lane; i < part_words; i += 32) {
-      const uint4 v = token[i];
-      largest = __vmaxu2(largest, __vmaxu2(__vmaxu2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu),
-                                           __vmaxu2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu)));
+    for (int y = 0; y < kSumExperts; ++y) {
+      const uint4* token = part_tokens + y * warp_chunks * 16;
+      uint32_t largest = 0;  // bf16 magnitudes order as integers
+      for (int i = lane; i < part_words; i += 32) {
+        const uint4 v = token[i];
+        largest = __vmaxu2(largest, __vmaxu2(__vmaxu2(v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu),
+                                             __vmaxu2(v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu)));
+      }
+      largest = __reduce_max_sync(0xffffffffu, max(largest & 0xFFFFu, largest >> 16));
+      const int shift = min(141 - int(largest >> 7), 127);
+      shift_a = ya == y ? shift : shift_a;
+      shift_b = yb == y ? shift : shift_b;
+      factor[y] = ldexpf(1.0f, shift);
     }
-    largest = __reduce_max_sync(0xffffffffu, max(largest & 0xFFFFu, largest >> 16));
-    const int shift = min(141 - int(largest >> 7), 127);
-    shift_a = ya == y ? shift : shift_a;
-    shift_b = yb == y ? shift : shift_b;
-    factor[y] = ldexpf(1.0f, shift);
+    __syncthreads();  // every warp has read the bf16 values
+    probe::mark(1, 3);
+    for (int y = 0; y < kSumExperts; ++y) {
+      uint4* token = part_tokens + y * warp_chunks * 16;
+      for (int i = lane + 32 * group; i < part_words; i += 32 * kGroups) token[i] = bf16x8_to_scaled_f16(token[i], factor[y]);
+    }
+    __syncthreads();  // the fp16 tokens, for every warp
   }
-  __syncthreads();  // every warp has read the bf16 values
-  for (int y = 0; y < kSumExperts; ++y) {
-    uint4* token = part_tokens + y * warp_chunks * 16;
-    for (int i = lane + 32 * group; i < part_words; i += 32 * kGroups) token[i] = bf16x8_to_scaled_f16(token[i], factor[y]);
-  }
-  __syncthreads();  // the fp16 tokens, for every warp
+  probe::mark(1, 4);
 
   const float* const sa = warp_scales + g * warp_chunks * 4;
   const float* const sb = warp_scales + (g + 8) * warp_chunks * 4;
@@ -199,6 +211,7 @@ __global__ void __launch_bounds__(kSumWarps * 32, kSumMinBlocks)
       if (i + s < my_chunks) chunk(i + s, s);
   }
   cp_async_wait<0>();
+  probe::mark(1, 5);
   float va = ldexpf(acc[0][0] + acc[1][0], 14 - shift_a);
   float vb = ldexpf(acc[0][1] + acc[1][1], 14 - shift_b);
   if constexpr (kSplitK > 1) add_split_partials<kSplitK>(ring, warp, kpart, lane, va, vb);
@@ -220,6 +233,7 @@ __global__ void __launch_bounds__(kSumWarps * 32, kSumMinBlocks)
     slot[y] = __shfl_sync(0xffffffffu, my_slot, y);
     weight[y] = __shfl_sync(0xffffffffu, my_weight, y);
   }
+  probe::mark(1, probe::kProbeEnd);
   if (lane % 4 != 0 || lane / 4 >= kSumRows || !row_ok) return;
   float total = 0.0f;
 #pragma unroll

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -414,6 +415,7 @@ void launch_down_sum_split(const ExpertProduct& p, const Routing& r, const DownS
 // The k split as the other decode grids choose it: a warp here streams 16 rows (4 of each of the
 // 4 experts), as many as a moe_decode_f16_kernel warp of one expert does.
 void launch_down_sum(const ExpertProduct& p, const Routing& r, const DownSum& sum, cudaStream_t stream) {
+  probe::dump_at_exit();
   switch (decode_split(p, kSumExperts, kSumWarpsPerSm)) {
     case 1: return launch_down_sum_split<1>(p, r, sum, stream);
     case 2: return launch_down_sum_split<2>(p, r, sum, stream);
@@ -506,6 +508,22 @@ size_t moe_quantized_workspace_bytes(int64_t max_rows, int k, int64_t num_expert
 }
 
 namespace {
+
+// The power of two that batch 1's gate_up scales its fp16 activations by (ExpertProduct::
+// act_f16_shift), or -1 for bf16 activations: for gpt-oss's clamped SwiGLU every activation is
+// below limit · (limit + 1) in magnitude (gate <= limit, so gate · sigmoid(alpha · gate) < limit,
+// and |up + 1| <= limit + 1), and the shift is the one down's staging picks for a part whose
+// largest magnitude is that bound: it puts the bound in [2^14, 2^15), so every value within 2^28
+// of it is exact in fp16. Down's values are then the bf16 staging's bit for bit wherever that
+// staging's own scaling keeps them exact too (CudaMoe.SumInDownEqualsTheCombine).
+int act_f16_shift(const ExpertProduct& gate_up) {
+  if (gate_up.silu || !(gate_up.limit >= 1.0f && gate_up.limit <= 15.0f)) return -1;
+  const float bound = gate_up.limit * (gate_up.limit + 1.0f);
+  uint32_t bits = 0;
+  std::memcpy(&bits, &bound, 4);
+  const int exponent = int((bits >> 23) & 0xFFu);  // bf16's exponent field is float's
+  return std::min(141 - exponent, 127);
+}
 
 // Batch 1 of MXFP4 experts, four per token, picked here (so four distinct valid experts: the
 // kernel takes one token per active expert), where the caller can make the next norm itself:
@@ -698,6 +716,9 @@ bool moe_quantized_impl(const QuantizedExperts& w, const uint16_t* h, int64_t m,
   };
   if (sum_in_down) {
     gate_up.a = h;
+    const int shift = act_f16_shift(gate_up);
+    gate_up.act_f16_shift = shift;
+    down.act_f16_shift = shift;
     launch_decode_tokens<true, Kind::Mxfp4>(m, E, gate_up, r, kSumExperts, s);
     launch_down_sum(down, r, DownSum{residual, route_weights, ids, int(E)}, s);
     return false;
