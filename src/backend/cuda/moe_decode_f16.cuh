@@ -228,6 +228,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, kF16MinBlocks)
     };
     load(lane);
     if (one_row == OneRowToken::kAfterWait) row0_shift = stage_token(0, false);
+    if constexpr (kGateUp) probe::mark(0, 5);
     store(lane);
     for (int first = lane + 32 * kBatch; first < part_words; first += 32 * kBatch) {
       load(first);

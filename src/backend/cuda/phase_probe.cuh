@@ -23,8 +23,9 @@ constexpr int kProbeEnd = 6;
 #ifdef ANVIL_PHASE_PROBE
 __device__ unsigned long long g_phase[2][kProbeBlocks][kProbePhases];
 
-// kernel 0: gate_up (0 start, 1 waited, 2 routing read, 3 prologue, 4 loop, 6 end); kernel 1:
-// down (0 start, 1 waited, 2 tokens landed, 3 largest magnitudes, 4 tokens staged, 5 loop, 6 end).
+// kernel 0: gate_up (0 start, 1 waited, 2 routing read, 5 token staged, 3 prologue, 4 loop, 6 end);
+// kernel 1: down (0 start, 1 waited, 2 tokens landed, 3 largest magnitudes, 4 tokens staged, 5 loop,
+// 6 end).
 __device__ __forceinline__ void mark(int kernel, int phase) {
   if (threadIdx.x != 0) return;
   unsigned long long t;
@@ -46,13 +47,12 @@ inline void dump() {
   unsigned long long gate_end = 0, gate_first = ~0ull;
   for (int b = 0; b < kProbeBlocks; ++b)
     if (host[0][b][kProbeEnd] != 0) gate_end = std::max(gate_end, host[0][b][kProbeEnd]), gate_first = std::min(gate_first, host[0][b][0]);
-  const char* names[2][7] = {{"start", "waited", "routing", "prologue", "loop", "-", "end"},
+  const char* names[2][7] = {{"start", "waited", "routing", "prologue", "loop", "token", "end"},
                              {"start", "waited", "landed", "largest", "tokens", "loop", "end"}};
   for (int kernel = 0; kernel < 2; ++kernel) {
     std::fprintf(stderr, "PROBE %s (us from gate_up's last end; gate_up's first start at %.2f)\n",
                  kernel == 0 ? "gate_up" : "down", (double(gate_first) - double(gate_end)) * 1e-3);
     for (int phase = 0; phase <= kProbeEnd; ++phase) {
-      if (names[kernel][phase][0] == '-') continue;
       std::vector<double> t;
       for (int b = 0; b < kProbeBlocks; ++b)
         if (host[kernel][b][phase] != 0 && host[kernel][b][0] >= gate_first)
