@@ -382,6 +382,7 @@ void CudaStepRunner::run(const StepBatch& batch, const KvLayout& layout, const M
       marks.record("sample");
     }
   };
+  bool timed = false;
   if (!decode || !graphs_enabled || marks.enabled()) {
     marks.record("start");
     enqueue_step();
@@ -397,7 +398,10 @@ void CudaStepRunner::run(const StepBatch& batch, const KvLayout& layout, const M
       entry.warm = false;
     }
     if (entry.graph.ready()) {
+      replay_timer_.start();
       entry.graph.launch(s);
+      replay_timer_.stop();
+      timed = true;
     } else if (entry.warm) {
       // Second run of this shape with the same buffers: everything it needs exists, so the
       // capture allocates nothing.
@@ -425,6 +429,17 @@ void CudaStepRunner::run(const StepBatch& batch, const KvLayout& layout, const M
                          size_t(step.logit_rows) * sizeof(int32_t), s);
   }
   cuda::synchronize(s);
+  if (timed) {
+    replay_ms_ += replay_timer_.elapsed_ms();
+    ++replays_;
+  }
+}
+
+double CudaStepRunner::take_replay_ms() {
+  const double per_replay = replays_ > 0 ? replay_ms_ / double(replays_) : 0.0;
+  replay_ms_ = 0;
+  replays_ = 0;
+  return per_replay;
 }
 
 }  // namespace anvil

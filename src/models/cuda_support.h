@@ -148,6 +148,9 @@ class CudaStepRunner {
   void run(const StepBatch& batch, const KvLayout& layout, const ModelConfig& config,
            const std::vector<KvGroupStorage>& kv_cache, float* logits, int32_t* token_ids,
            const std::function<void(bool argmax)>& enqueue, const RowSampling* sampling = nullptr);
+  // The device time of the graph replays since the last call, per replay (0 if none ran): a
+  // step's wall time minus this is what the host adds between replays.
+  double take_replay_ms();
 
  private:
   enum class Mode { Logits, Greedy, Sample };
@@ -168,6 +171,9 @@ class CudaStepRunner {
     uint64_t step_generation = 0, arena_generation = 0;
   };
   std::map<GraphKey, GraphEntry> graphs_;
+  cuda::EventTimer replay_timer_{stream.get()};
+  double replay_ms_ = 0;
+  int64_t replays_ = 0;
 };
 
 }  // namespace anvil

@@ -220,6 +220,7 @@ class GptOss : public Model {
   std::vector<std::pair<std::string, double>> step_profile() override {
     return cuda_ ? cuda_->runner.marks.times() : std::vector<std::pair<std::string, double>>{};
   }
+  double graph_replay_ms() override { return cuda_ ? cuda_->runner.take_replay_ms() : 0.0; }
 
   // Enqueues the uploaded step, from the embedding to the logits (and their argmax). Reads
   // nothing from the host, so a graph can capture it.

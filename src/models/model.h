@@ -78,6 +78,9 @@ class Model {
   // step_profile() returns (operation, ms) summed over the steps since the last call.
   virtual void set_step_profiling(bool on) { (void)on; }
   virtual std::vector<std::pair<std::string, double>> step_profile() { return {}; }
+  // GPU models: the device time of the decode-graph replays since the last call, per replay (0
+  // where none ran), so a caller can tell the GPU's share of a step from the host's.
+  virtual double graph_replay_ms() { return 0.0; }
 
  protected:
   Model(ModelConfig config, std::unique_ptr<WeightSource> weights, Device device = Device::Cpu,

@@ -248,6 +248,7 @@ class Qwen3 : public Model {
   std::vector<std::pair<std::string, double>> step_profile() override {
     return cuda_ ? cuda_->runner.marks.times() : std::vector<std::pair<std::string, double>>{};
   }
+  double graph_replay_ms() override { return cuda_ ? cuda_->runner.take_replay_ms() : 0.0; }
 
   void enqueue_forward(std::vector<KvGroupStorage>& kv_cache, bool argmax) {
     const auto& c = config_;

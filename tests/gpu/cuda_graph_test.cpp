@@ -84,6 +84,26 @@ TEST_F(CudaGraphTest, GreedyDecodeEqualsEagerAcrossAStrideChange) {
   EXPECT_EQ(with_graphs, without);
 }
 
+// The replays' device time (bench-gpu's graph_replay_ms) is reported per replay and only for
+// replays: the eager model runs none, and a second call finds nothing new.
+TEST_F(CudaGraphTest, ReplayTimeCoversReplaysOnly) {
+  auto graphs = load_tiny(false), eager = load_tiny(true);
+  GenerateRequest request;
+  request.prompt_ids = prompt_of(20, int32_t(graphs->config().vocab_size), 3);
+  request.max_tokens = 12;
+  request.ignore_eos = true;
+  request.sampling.temperature = 0.0f;
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(generate(*graphs, request).output_ids.size(), 12u);
+  const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double replay_ms = graphs->graph_replay_ms();
+  EXPECT_GT(replay_ms, 0.0);
+  EXPECT_LT(replay_ms, wall_ms / 9);  // at least 9 of the 11 decode steps are replays
+  EXPECT_EQ(graphs->graph_replay_ms(), 0.0);
+  ASSERT_EQ(generate(*eager, request).output_ids.size(), 12u);
+  EXPECT_EQ(eager->graph_replay_ms(), 0.0);
+}
+
 // Each prompt_logits call sizes a fresh KV cache to its prompt, and a smaller one freed and
 // allocated again tends to start at the address the previous one did. Decode graphs were keyed on
 // that address alone, so the longer prompt's graph replayed against the shorter prompt's cache and

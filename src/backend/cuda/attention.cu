@@ -256,6 +256,7 @@ __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch bat
   // newer before its wait) leave the chain's path. Measured alone on H100s: batch 1 +0.4-1.8 % (20b)
   // and +1.3 % (120b), batch 64 +0.2-0.5 %, batch 8 -0.2 % (docs/perf/logs/h200/session29).
   release_dependents();
+  probe::mark(probe::kRope, 0);
   const int64_t row = blockIdx.x, head = blockIdx.y, half = head_dim / 2;
   const float* in = qkv + (row * (heads + 2 * kv_heads) + head) * head_dim;
   // Everything but the projection's output is known before the wait: the step's metadata (uploaded
@@ -277,9 +278,11 @@ __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch bat
   const float first_norm0 = first_pair && norm ? norm[threadIdx.x] : 0.0f;
   const float first_norm1 = first_pair && norm ? norm[threadIdx.x + half] : 0.0f;
   wait_for_predecessor();
+  probe::mark(probe::kRope, 1);
   if (!rotated) {
     const int64_t offset = slot + (head - heads - kv_heads) * head_dim;
     for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) store_kv<KV>(cache.values, offset + i, in[i]);
+    probe::mark(probe::kRope, probe::kProbeEnd);
     return;
   }
   float inv = 1.0f;
@@ -306,6 +309,7 @@ __global__ void split_qkv_rope_cache_kernel(const float* qkv, AttentionBatch bat
       store_kv<KV>(cache.keys, offset + j + half, r1);
     }
   }
+  probe::mark(probe::kRope, probe::kProbeEnd);
 }
 
 template <int D, int BQ, KvDtype KV, typename Out>

@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/attention_decode.cuh"
+#include "backend/cuda/phase_probe.cuh"
 #include "backend/cuda/rope.cuh"
 
 namespace anvil::cuda::attn {
@@ -116,6 +117,7 @@ __global__ void __launch_bounds__(W * 32)
   const int pos = range.pos, first_key = range.first_key, active = range.active;
   const int chunk_lo = range.chunk_lo, chunk_hi = range.chunk_hi;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  probe::mark(probe::kAttention, 0);
   const int block_size = int(cache.block_size);
   const int32_t* table = batch.block_tables + int64_t(seq) * batch.max_blocks;
   const int64_t q_stride = shape.num_heads * D, kv_stride = shape.num_kv_heads * D;
@@ -197,9 +199,11 @@ __global__ void __launch_bounds__(W * 32)
 
   wait_for_predecessor();
   release_dependents();
+  probe::mark(probe::kAttention, 1);
   // The newest key (its predecessor's write) is copied before q is loaded, so the two reads of the
   // predecessor's output overlap instead of following one another: q's loads are used at once.
   if (first_chunk < chunk_hi) newest_rows(first_chunk);
+  probe::mark(probe::kAttention, 2);
 
   // Qᵀ as the scores' B operand: lane (g, t) holds head g's dims 16s + 2t + {0, 1, 8, 9}.
   uint32_t q_hi[kSteps][2], q_lo[kSteps][2];
@@ -236,6 +240,7 @@ __global__ void __launch_bounds__(W * 32)
       split_bf16x2(qv[s][2], qv[s][3], q_hi[s][1], q_lo[s][1]);
     }
   }
+  probe::mark(probe::kAttention, 3);
 
   // o[i] = Oᵀ[dims 16i + g (+8)][heads 2t, 2t+1]; run_max and the lane's share of the sum per head.
   float o[kSteps][4], run_max[2] = {-INFINITY, -INFINITY}, lane_sum[2] = {0.0f, 0.0f};
@@ -332,6 +337,7 @@ __global__ void __launch_bounds__(W * 32)
     __syncwarp();  // the rows are rewritten by the next chunk
   }
 
+  probe::mark(probe::kAttention, 4);
   // The warp's state into shared memory once every warp is done with its rows (acc_s reuses them).
 #pragma unroll
   for (int j = 0; j < 2; ++j)
@@ -353,8 +359,10 @@ __global__ void __launch_bounds__(W * 32)
     }
   }
   __syncthreads();
+  probe::mark(probe::kAttention, 5);
   decode_finish<D, G, kWarps>(shape, out, partials, tickets, splits, active, row, kv_head, split, max_s, sum_s, acc_s,
                               sinks, last_s);
+  probe::mark(probe::kAttention, probe::kProbeEnd);
 }
 
 }  // namespace anvil::cuda::attn

@@ -21,6 +21,7 @@
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/gemm_common.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/phase_probe.cuh"
 
 namespace anvil::cuda::gemv {
 
@@ -67,6 +68,8 @@ __global__ void __launch_bounds__(kBulkWarps * 32, kBulkBlocksPerSm)
   uint64_t* const full = reinterpret_cast<uint64_t*>(partial + kBulkWarps * 32);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int probe_kernel = norm.x != nullptr ? probe::kQkv : probe::kOutProj;  // batch 1's two users
+  probe::mark(probe_kernel, 0);
   const int64_t row0 = int64_t(blockIdx.x) * kBulkRows;
   const int64_t row_bytes = int64_t(in) * 2;
   const int pieces = int((row_bytes + kPieceBytes - 1) / kPieceBytes);
@@ -104,6 +107,7 @@ __global__ void __launch_bounds__(kBulkWarps * 32, kBulkBlocksPerSm)
 
   wait_for_predecessor();
   release_dependents();
+  probe::mark(probe_kernel, 1);
   const float old_y = epilogue_thread && accumulate ? y[row0 + threadIdx.x] : 0.0f;
   // The token, through L2: this SM's L1 may hold an earlier kernel's values at these addresses.
   if (norm.x == nullptr) {
@@ -140,12 +144,14 @@ __global__ void __launch_bounds__(kBulkWarps * 32, kBulkBlocksPerSm)
     }
   }
   __syncthreads();  // the token, and the barriers' initialization, for every thread
+  probe::mark(probe_kernel, 2);
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   for (int i = 0; i < pieces; ++i) {
     const int slot = i % stages;
     bulk::barrier_wait(full + slot, uint32_t(i / stages) & 1u);
+    if (i == 0) probe::mark(probe_kernel, 3);
     const uint8_t* const stage = ring + slot * kStageBytes;
 #pragma unroll
     for (int c = warp; c < kPieceBytes / 64; c += kBulkWarps) {
@@ -163,6 +169,7 @@ __global__ void __launch_bounds__(kBulkWarps * 32, kBulkBlocksPerSm)
     if (threadIdx.x == 0 && i + stages < pieces) issue(i + stages);
   }
 
+  probe::mark(probe_kernel, 4);
   // Column 0 (the token) of rows g and g + 8 is d[0] and d[2] of lane (g, t = 0).
   partial[warp * 32 + lane] = make_float2(acc[0], acc[2]);
   __syncthreads();
@@ -177,6 +184,7 @@ __global__ void __launch_bounds__(kBulkWarps * 32, kBulkBlocksPerSm)
       y[row] = accumulate ? old_y + value : value;
     }
   }
+  probe::mark(probe_kernel, probe::kProbeEnd);
 }
 
 }  // namespace anvil::cuda::gemv

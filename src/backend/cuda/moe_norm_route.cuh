@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "backend/cuda/bulk_copy.cuh"
+#include "backend/cuda/phase_probe.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe_common.cuh"
 #include "backend/cuda/moe_picks.cuh"
@@ -145,6 +146,7 @@ __global__ void __launch_bounds__(kRouteGroups* kRouteGroupThreads)
   const uint16_t* const rows = reinterpret_cast<const uint16_t*>(route_smem);
   uint64_t* const landed = reinterpret_cast<uint64_t*>(route_smem + size_t(block_experts) * a.dim * 2);
   const int pieces = a.dim / 8;
+  probe::mark(probe::kRouting, 0);
 
   // Constants before the wait: the block's router rows (bulk copies), this thread's norm weights,
   // its experts' biases.
@@ -174,6 +176,7 @@ __global__ void __launch_bounds__(kRouteGroups* kRouteGroupThreads)
 
   wait_for_predecessor();
   release_dependents();
+  probe::mark(probe::kRouting, 1);
   // The residual, through L2: this SM's L1 may hold an earlier layer's.
   float x[kRouteSteps][8];
 #pragma unroll
@@ -194,6 +197,7 @@ __global__ void __launch_bounds__(kRouteGroups* kRouteGroupThreads)
       for (int j = 0; j < 8; ++j) squares[0] = fmaf(x[s][j], x[s][j], squares[0]);
   group_sums(squares, partial);
   const float inv = rsqrtf(squares[0] / float(a.dim) + a.eps);
+  probe::mark(probe::kRouting, 2);
 
   // This block's share of h (group 0 holds every piece, as every group does).
   const int share = (pieces + kBlocks - 1) / kBlocks;
@@ -215,6 +219,7 @@ __global__ void __launch_bounds__(kRouteGroups* kRouteGroupThreads)
   }
 
   bulk::barrier_wait(landed, 0);
+  probe::mark(probe::kRouting, 3);
   float sum[kRouteGroupExperts] = {};
 #pragma unroll
   for (int s = 0; s < kRouteSteps; ++s) {
@@ -236,6 +241,7 @@ __global__ void __launch_bounds__(kRouteGroups* kRouteGroupThreads)
     }
   }
   group_sums(sum, partial);
+  probe::mark(probe::kRouting, 4);
 
   wait_cluster();  // every block has started
   if (t < my_experts)
@@ -244,9 +250,14 @@ __global__ void __launch_bounds__(kRouteGroups* kRouteGroupThreads)
       if (q == t) store_cluster_f32(cluster_address(gemm::smem_u32(&logits[first_expert + q]), 0), sum[q] + bias[q]);
   arrive_cluster(true);
   wait_cluster();
-  if (rank != 0 || threadIdx.x >= 32) return;
+  probe::mark(probe::kRouting, 5);
+  if (rank != 0 || threadIdx.x >= 32) {
+    probe::mark(probe::kRouting, probe::kProbeEnd);
+    return;
+  }
   write_one_row_routing(pick_experts_by([&](int e) { return logits[e]; }, a.experts, a.k), a.experts, a.k, r, a.ids,
                         a.route_weights);
+  probe::mark(probe::kRouting, probe::kProbeEnd);
 }
 
 }  // namespace anvil::cuda::moe

@@ -1,9 +1,10 @@
 #pragma once
 // Measurement only: a build with -DANVIL_PHASE_PROBE=ON (CMake) stamps %globaltimer at points of
-// batch 1's gate_up and down kernels (thread 0 of each block, with its SM), keeps the last launch's
-// stamps and prints, at exit, each point's percentiles against gate_up's last block end, and each
-// kernel's last end per SM grouped by the SM's block count. Without the option every mark is
-// empty. Session 34 found down's ~2.5 us of token staging with it (docs/perf/logs/h200/session34).
+// batch 1's decode kernels (thread 0 of each block, with its SM), keeps each kernel's last launch
+// (the last layer's) and prints, at exit, each point's percentiles against gate_up's last block
+// end, and each kernel's last end per SM grouped by the SM's block count. Without the option every
+// mark is empty. Session 34 found down's ~2.5 us of token staging with it, session 35 timed the
+// rest of the layer (docs/perf/logs/h200/).
 #include <cstdint>
 
 #ifdef ANVIL_PHASE_PROBE
@@ -17,20 +18,20 @@
 
 namespace anvil::cuda::probe {
 
-constexpr int kProbeBlocks = 1024, kProbePhases = 8;  // the last holds the block's SM
+constexpr int kProbeKernels = 7, kProbeBlocks = 1024, kProbePhases = 8;  // the last holds the block's SM
 constexpr int kProbeEnd = 6;
+// Kernel ids of mark(): the MoE pair, then the rest of a layer.
+enum ProbeKernel : int { kGateUp = 0, kDown = 1, kAttention = 2, kRouting = 3, kQkv = 4, kOutProj = 5, kRope = 6 };
 
 #ifdef ANVIL_PHASE_PROBE
-__device__ unsigned long long g_phase[2][kProbeBlocks][kProbePhases];
+__device__ unsigned long long g_phase[kProbeKernels][kProbeBlocks][kProbePhases];
 
-// kernel 0: gate_up (0 start, 1 waited, 2 routing read, 5 token staged, 3 prologue, 4 loop, 6 end);
-// kernel 1: down (0 start, 1 waited, 2 tokens landed, 3 largest magnitudes, 4 tokens staged, 5 loop,
-// 6 end).
+// Phases per kernel: the names in dump(); 0 is the block's start and 6 its end.
 __device__ __forceinline__ void mark(int kernel, int phase) {
   if (threadIdx.x != 0) return;
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  const int block = blockIdx.x + blockIdx.y * gridDim.x;
+  const int block = blockIdx.x + (blockIdx.y + blockIdx.z * gridDim.y) * gridDim.x;
   if (block >= kProbeBlocks) return;
   g_phase[kernel][block][phase] = t;
   if (phase == 0) {
@@ -42,21 +43,34 @@ __device__ __forceinline__ void mark(int kernel, int phase) {
 
 inline void dump() {
   cudaDeviceSynchronize();
-  static unsigned long long host[2][kProbeBlocks][kProbePhases];
+  static unsigned long long host[kProbeKernels][kProbeBlocks][kProbePhases];
   if (cudaMemcpyFromSymbol(host, g_phase, sizeof(host)) != cudaSuccess) return;
   unsigned long long gate_end = 0, gate_first = ~0ull;
   for (int b = 0; b < kProbeBlocks; ++b)
-    if (host[0][b][kProbeEnd] != 0) gate_end = std::max(gate_end, host[0][b][kProbeEnd]), gate_first = std::min(gate_first, host[0][b][0]);
-  const char* names[2][7] = {{"start", "waited", "routing", "prologue", "loop", "token", "end"},
-                             {"start", "waited", "landed", "largest", "tokens", "loop", "end"}};
-  for (int kernel = 0; kernel < 2; ++kernel) {
-    std::fprintf(stderr, "PROBE %s (us from gate_up's last end; gate_up's first start at %.2f)\n",
-                 kernel == 0 ? "gate_up" : "down", (double(gate_first) - double(gate_end)) * 1e-3);
+    if (host[kGateUp][b][kProbeEnd] != 0)
+      gate_end = std::max(gate_end, host[kGateUp][b][kProbeEnd]), gate_first = std::min(gate_first, host[kGateUp][b][0]);
+  if (gate_end == 0) return;
+  const char* kernels[kProbeKernels] = {"gate_up", "down", "attention", "routing", "qkv", "o_proj", "rope"};
+  const char* names[kProbeKernels][7] = {
+      {"start", "waited", "routing", "prologue", "loop", "token", "end"},
+      {"start", "waited", "landed", "largest", "tokens", "loop", "end"},
+      {"start", "waited", "newest", "q", "loop", "merged", "end"},
+      {"start", "waited", "norm", "landed", "logits", "crossed", "end"},
+      {"start", "waited", "token", "first", "loop", "-", "end"},
+      {"start", "waited", "token", "first", "loop", "-", "end"},
+      {"start", "waited", "-", "-", "-", "-", "end"}};
+  // The last layer's launches: a layer is ~50-70 us, so an earlier layer's leftovers (grids of
+  // other sizes) start before this window.
+  const unsigned long long window_lo = gate_first - std::min<unsigned long long>(gate_first, 80000);
+  auto in_window = [&](int kernel, int b) { return host[kernel][b][0] >= window_lo && host[kernel][b][0] <= gate_end + 40000; };
+  auto us = [&](unsigned long long t) { return (double(t) - double(gate_end)) * 1e-3; };
+  for (int kernel = 0; kernel < kProbeKernels; ++kernel) {
+    std::fprintf(stderr, "PROBE %s (us from gate_up's last end; gate_up's first start at %.2f)\n", kernels[kernel],
+                 us(gate_first));
     for (int phase = 0; phase <= kProbeEnd; ++phase) {
       std::vector<double> t;
       for (int b = 0; b < kProbeBlocks; ++b)
-        if (host[kernel][b][phase] != 0 && host[kernel][b][0] >= gate_first)
-          t.push_back((double(host[kernel][b][phase]) - double(gate_end)) * 1e-3);
+        if (host[kernel][b][phase] != 0 && in_window(kernel, b)) t.push_back(us(host[kernel][b][phase]));
       if (t.empty()) continue;
       std::sort(t.begin(), t.end());
       auto q = [&](double f) { return t[std::min(t.size() - 1, size_t(f * double(t.size())))]; };
@@ -66,10 +80,10 @@ inline void dump() {
     // Per SM: its blocks of this kernel and its last block's end; grouped by the block count.
     std::map<unsigned long long, std::pair<int, double>> per_sm;
     for (int b = 0; b < kProbeBlocks; ++b)
-      if (host[kernel][b][kProbeEnd] != 0 && host[kernel][b][0] >= gate_first) {
+      if (host[kernel][b][kProbeEnd] != 0 && in_window(kernel, b)) {
         auto& [blocks, end] = per_sm.try_emplace(host[kernel][b][kProbePhases - 1], 0, -1e9).first->second;
         ++blocks;
-        end = std::max(end, (double(host[kernel][b][kProbeEnd]) - double(gate_end)) * 1e-3);
+        end = std::max(end, us(host[kernel][b][kProbeEnd]));
       }
     std::map<int, std::vector<double>> by_count;
     for (const auto& [sm, v] : per_sm) by_count[v.first].push_back(v.second);

@@ -440,8 +440,9 @@ EventTimer::~EventTimer() {
 
 void EventTimer::start() { RT_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), static_cast<cudaStream_t>(stream_))); }
 
-double EventTimer::stop_ms() {
-  RT_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(stop_), static_cast<cudaStream_t>(stream_)));
+void EventTimer::stop() { RT_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(stop_), static_cast<cudaStream_t>(stream_))); }
+
+double EventTimer::elapsed_ms() {
   RT_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)));
   float ms = 0;
   RT_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)));

@@ -245,7 +245,12 @@ class EventTimer {
   EventTimer(const EventTimer&) = delete;
   EventTimer& operator=(const EventTimer&) = delete;
   void start();
-  double stop_ms();  // waits for the region to finish
+  void stop();         // marks the region's end on the stream, without waiting
+  double elapsed_ms();  // waits for the region to finish
+  double stop_ms() {
+    stop();
+    return elapsed_ms();
+  }
 
  private:
   Stream stream_;

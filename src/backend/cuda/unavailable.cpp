@@ -61,6 +61,7 @@ std::vector<std::pair<std::string, double>> StreamMarks::times() { return {}; }
 EventTimer::EventTimer(Stream stream) : stream_(stream) { no_cuda(); }
 EventTimer::~EventTimer() = default;
 void EventTimer::start() { no_cuda(); }
-double EventTimer::stop_ms() { no_cuda(); }
+void EventTimer::stop() { no_cuda(); }
+double EventTimer::elapsed_ms() { no_cuda(); }
 
 }  // namespace anvil::cuda
