@@ -453,6 +453,7 @@ void launch_mma_decode_kernel(const AttentionBatch& batch, const AttentionShape&
   const dim3 grid(unsigned(batch.num_sequences), unsigned(shape.num_kv_heads), unsigned(splits));
   launch_chained(kernel, grid, W * 32, smem, stream, batch, shape, q, cache, out, partials, tickets, splits, rope);
   ANVIL_CUDA_LAUNCHED();
+  probe::dump_at_exit();
 }
 
 // rope.qkv set: the kernel makes the step's RoPE and KV write itself (head_dim 64 only, where

@@ -512,6 +512,7 @@ void launch_bulk_gemv(const void* weight, const float* bias, const uint16_t* x, 
   const int64_t blocks = ceil_div(out, gemv::kBulkRows);
   const BulkGemvPlan plan = plan_bulk_gemv(blocks, in);
   allow_smem<gemv::gemv_bulk_kernel>(plan.grant);
+  probe::dump_at_exit();
   launch_chained(gemv::gemv_bulk_kernel, unsigned(blocks), gemv::kBulkWarps * 32,
                  gemv::bulk_smem_bytes(plan.stages, in), stream, static_cast<const uint16_t*>(weight), bias, x, out, in,
                  y, accumulate, plan.stages, norm);

@@ -41,10 +41,20 @@ __device__ __forceinline__ void mark(int kernel, int phase) {
   }
 }
 
-inline void dump() {
-  cudaDeviceSynchronize();
-  static unsigned long long host[kProbeKernels][kProbeBlocks][kProbePhases];
-  if (cudaMemcpyFromSymbol(host, g_phase, sizeof(host)) != cudaSuccess) return;
+using ProbeTable = unsigned long long[kProbeKernels][kProbeBlocks][kProbePhases];
+
+// Without relocatable device code every translation unit has its own g_phase, so each one that
+// marks (dump_at_exit) merges its copy into this host table at exit, and the last one prints.
+inline ProbeTable& merged_table() {
+  static ProbeTable table = {};
+  return table;
+}
+inline int& units_pending() {
+  static int pending = 0;
+  return pending;
+}
+
+inline void print(const ProbeTable& host) {
   unsigned long long gate_end = 0, gate_first = ~0ull;
   for (int b = 0; b < kProbeBlocks; ++b)
     if (host[kGateUp][b][kProbeEnd] != 0)
@@ -97,10 +107,24 @@ inline void dump() {
   }
 }
 
+namespace {  // one copy per translation unit, as g_phase
+inline void merge_this_unit() {
+  cudaDeviceSynchronize();
+  static ProbeTable host;
+  if (cudaMemcpyFromSymbol(host, g_phase, sizeof(host)) == cudaSuccess) {
+    ProbeTable& all = merged_table();
+    for (int k = 0; k < kProbeKernels; ++k)
+      for (int b = 0; b < kProbeBlocks; ++b)
+        for (int p = 0; p < kProbePhases; ++p) all[k][b][p] = std::max(all[k][b][p], host[k][b][p]);
+  }
+  if (--units_pending() == 0) print(merged_table());
+}
+
 inline void dump_at_exit() {
-  static const bool registered = (std::atexit(dump), true);
+  static const bool registered = (++units_pending(), std::atexit(merge_this_unit), true);
   (void)registered;
 }
+}  // namespace
 #else
 __device__ __forceinline__ void mark(int, int) {}
 inline void dump_at_exit() {}
