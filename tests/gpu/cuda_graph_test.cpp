@@ -36,6 +36,16 @@ std::vector<int32_t> prompt_of(int64_t length, int32_t vocab, uint32_t seed) {
   return ids;
 }
 
+// A greedy request for exactly `tokens` tokens after a random prompt of `prompt_length`.
+GenerateRequest greedy_request(const Model& model, int64_t prompt_length, int64_t tokens, uint32_t seed) {
+  GenerateRequest request;
+  request.prompt_ids = prompt_of(prompt_length, int32_t(model.config().vocab_size), seed);
+  request.max_tokens = tokens;
+  request.ignore_eos = true;
+  request.sampling.temperature = 0.0f;
+  return request;
+}
+
 class CudaGraphTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -73,11 +83,7 @@ TEST_F(CudaGraphTest, ChainedLaunchesComputeExactlyWhatStreamOrderDoes) {
 // stride), so the second half of its decode runs under a second graph.
 TEST_F(CudaGraphTest, GreedyDecodeEqualsEagerAcrossAStrideChange) {
   auto graphs = load_tiny(false), eager = load_tiny(true);
-  GenerateRequest request;
-  request.prompt_ids = prompt_of(230, int32_t(graphs->config().vocab_size), 7);
-  request.max_tokens = 60;
-  request.ignore_eos = true;
-  request.sampling.temperature = 0.0f;
+  const GenerateRequest request = greedy_request(*graphs, 230, 60, 7);
   const auto with_graphs = generate(*graphs, request).output_ids;
   const auto without = generate(*eager, request).output_ids;
   ASSERT_EQ(with_graphs.size(), 60u);
@@ -88,11 +94,7 @@ TEST_F(CudaGraphTest, GreedyDecodeEqualsEagerAcrossAStrideChange) {
 // replays: the eager model runs none, and a second call finds nothing new.
 TEST_F(CudaGraphTest, ReplayTimeCoversReplaysOnly) {
   auto graphs = load_tiny(false), eager = load_tiny(true);
-  GenerateRequest request;
-  request.prompt_ids = prompt_of(20, int32_t(graphs->config().vocab_size), 3);
-  request.max_tokens = 12;
-  request.ignore_eos = true;
-  request.sampling.temperature = 0.0f;
+  const GenerateRequest request = greedy_request(*graphs, 20, 12, 3);
   const auto start = std::chrono::steady_clock::now();
   ASSERT_EQ(generate(*graphs, request).output_ids.size(), 12u);
   const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
