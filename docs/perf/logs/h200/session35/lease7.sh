@@ -3,7 +3,7 @@
 # anvil at main (66d4ba2); three variants of it, three rounds each at batch 1 (512-token decode context):
 # - extra/anvil-ropeslide (rope-sliding-layers-variant.patch): the SM90 row names the RoPE inside
 #   the decode attention, for sliding-window layers only. Lease 5: on every layer it was level;
-#   lease 6: on full layers only it lost 1.7-2.0 %, so the sliding layers may gain.
+#   lease 6: on full layers only it lost 1.7-2.5 %, so the sliding layers may gain.
 # - extra/anvil-onesplit (attention-one-wide-split-variant.patch): the wide (20-warp) decode
 #   attention launches one block per KV head. At a 512-token context the graph's 1,024-key bound
 #   launches two per KV head, and one of the two returns at once. Lease 3: o_proj's wait returns
